@@ -1,0 +1,54 @@
+#pragma once
+// Process groups: rendezvous (env://, tcp://, file://), the default group, and the few
+// collectives a training script calls directly. Mirrors torch.distributed's free functions.
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+namespace ddp {
+
+using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
+
+// PyTorch's default for rendezvous and collectives.
+inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(30);
+
+struct InitOptions {
+  // "gloo", "nccl", or "auto" (nccl when CUDA is available and LibTorch has NCCL, else gloo).
+  std::string backend = "auto";
+  // "env://" (MASTER_ADDR/MASTER_PORT), "tcp://host:port", or "file:///path/to/shared/file".
+  std::string init_method = "env://";
+  // -1: read RANK / WORLD_SIZE from the environment (torchrun's and ddprun's variables).
+  int rank = -1;
+  int world_size = -1;
+  // Applies to the rendezvous and to every collective: a dead peer becomes an error, not a hang.
+  std::chrono::milliseconds timeout = kDefaultTimeout;
+};
+
+// Creates a process group, makes it the default group and returns it.
+ProcessGroupPtr init_process_group(const InitOptions& options = {});
+// Creates a process group without touching the default group.
+ProcessGroupPtr new_process_group(const InitOptions& options);
+
+bool is_initialized();
+// The default group; throws when init_process_group has not been called.
+ProcessGroupPtr default_group();
+// Drops the default group (its workers shut down once the last reference goes).
+void destroy_process_group();
+
+// Free functions on a group (the default group when `group` is null). All block until done.
+int get_rank(const ProcessGroupPtr& group = {});
+int get_world_size(const ProcessGroupPtr& group = {});
+void barrier(const ProcessGroupPtr& group = {});
+void all_reduce(at::Tensor& tensor, c10d::ReduceOp op = c10d::ReduceOp::SUM,
+                const ProcessGroupPtr& group = {});
+void broadcast(at::Tensor& tensor, int src = 0, const ProcessGroupPtr& group = {});
+// Returns world_size tensors shaped like `tensor`, index r holding rank r's value.
+std::vector<at::Tensor> all_gather(const at::Tensor& tensor, const ProcessGroupPtr& group = {});
+
+// LOCAL_RANK from the environment (0 when unset): which device this process should use.
+int local_rank();
+
+}  // namespace ddp

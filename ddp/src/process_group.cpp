@@ -1,0 +1,287 @@
+// Rendezvous and the default process group.
+#include "ddp/process_group.h"
+
+#include <cstdlib>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+
+#include <torch/cuda.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "compat.h"
+
+namespace ddp {
+namespace {
+
+std::mutex g_default_mutex;
+ProcessGroupPtr g_default_group;
+
+[[noreturn]] void fail(const std::string& message) {
+  throw std::invalid_argument("ddp::init_process_group: " + message);
+}
+
+// Parses a whole string as an integer in [lo, hi]; `what` names the value in errors.
+long parse_int(const std::string& text, const std::string& what, long lo, long hi) {
+  size_t used = 0;
+  long value = 0;
+  try {
+    value = std::stol(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) {
+    fail(what + "='" + text + "' is not an integer");
+  }
+  if (value < lo || value > hi) {
+    fail(what + "=" + text + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return value;
+}
+
+std::string require_env(const char* name, const std::string& hint) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') {
+    fail(std::string(name) + " is not set: " + hint);
+  }
+  return value;
+}
+
+struct Endpoint {
+  std::string host;
+  int port = 0;
+};
+
+Endpoint parse_tcp_endpoint(const std::string& address) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    fail("init_method 'tcp://" + address + "' needs host:port, e.g. tcp://10.0.0.1:29500");
+  }
+  Endpoint endpoint;
+  endpoint.host = address.substr(0, colon);
+  if (endpoint.host.size() > 2 && endpoint.host.front() == '[' && endpoint.host.back() == ']') {
+    endpoint.host = endpoint.host.substr(1, endpoint.host.size() - 2);  // [::1]:port
+  }
+  endpoint.port = static_cast<int>(parse_int(address.substr(colon + 1), "port in tcp://" + address, 1, 65535));
+  return endpoint;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
+}
+
+std::shared_ptr<::gloo::transport::Device> make_gloo_device(const std::string& master_host) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != '\0') {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  if (is_loopback(master_host)) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+std::string describe_ranks(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (i == 8) {
+      out << ", ... (" << ranks.size() << " in all)";
+      break;
+    }
+    out << (i ? ", " : "") << ranks[i];
+  }
+  return out.str();
+}
+
+// Every rank announces itself, then waits for all others: when one never comes, the error says
+// which ranks were missing instead of a generic store timeout.
+void rendezvous(c10d::Store& store, int rank, int world_size, std::chrono::milliseconds timeout,
+                const std::string& where) {
+  store.set("ddp/rendezvous/rank_" + std::to_string(rank), std::vector<uint8_t>{'1'});
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size; ++r) {
+    keys.push_back("ddp/rendezvous/rank_" + std::to_string(r));
+  }
+  try {
+    store.wait(keys, timeout);
+  } catch (const std::exception& error) {
+    std::vector<int> missing;
+    for (int r = 0; r < world_size; ++r) {
+      try {
+        if (!store.check({keys[r]})) missing.push_back(r);
+      } catch (const std::exception&) {
+        missing.push_back(r);
+      }
+    }
+    std::ostringstream message;
+    message << "rank " << rank << " waited " << timeout.count() / 1000.0 << " s at " << where
+            << " for ranks [" << describe_ranks(missing) << "] of world_size " << world_size
+            << ", which never joined. Check that every rank was started with the same "
+            << "init_method and WORLD_SIZE. (" << error.what() << ")";
+    throw std::runtime_error("ddp::init_process_group: " + message.str());
+  }
+}
+
+}  // namespace
+
+ProcessGroupPtr new_process_group(const InitOptions& options) {
+  // Rank and world size: explicit options win, then torchrun's environment variables.
+  const char* launcher_hint = "set it (ddprun and torchrun do) or pass InitOptions.";
+  const int world_size = options.world_size >= 0
+      ? options.world_size
+      : static_cast<int>(parse_int(require_env("WORLD_SIZE", std::string("WORLD_SIZE: ") + launcher_hint),
+                                   "WORLD_SIZE", 1, 1 << 20));
+  if (world_size < 1) fail("world_size=" + std::to_string(world_size) + " must be at least 1");
+  const int rank = options.rank >= 0
+      ? options.rank
+      : static_cast<int>(parse_int(require_env("RANK", std::string("RANK: ") + launcher_hint),
+                                   "RANK", 0, 1 << 20));
+  if (rank >= world_size) {
+    fail("rank " + std::to_string(rank) + " is out of range for world_size " +
+         std::to_string(world_size) + " (valid ranks: 0.." + std::to_string(world_size - 1) + ")");
+  }
+
+  std::string backend = options.backend;
+  if (backend == "auto") {
+    backend = (compat::have_nccl() && torch::cuda::is_available()) ? "nccl" : "gloo";
+  }
+  if (backend != "gloo" && backend != "nccl") {
+    fail("unknown backend '" + options.backend + "': use \"gloo\", \"nccl\" or \"auto\"");
+  }
+  if (backend == "nccl" && !compat::have_nccl()) {
+    fail("backend \"nccl\" is not available: this LibTorch was built without NCCL (CPU-only). "
+         "Use \"gloo\" or link a CUDA build of LibTorch.");
+  }
+
+  // The store every rank meets at.
+  const std::string& method = options.init_method;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::string master_host = "127.0.0.1";
+  const std::string where = method;
+  if (method.rfind("env://", 0) == 0 || method.rfind("tcp://", 0) == 0) {
+    Endpoint endpoint;
+    if (method.rfind("env://", 0) == 0) {
+      endpoint.host = require_env("MASTER_ADDR", "the address of rank 0's host, e.g. 127.0.0.1 (init_method env://)");
+      endpoint.port = static_cast<int>(parse_int(
+          require_env("MASTER_PORT", "a free TCP port on rank 0's host, e.g. 29500 (init_method env://)"),
+          "MASTER_PORT", 1, 65535));
+    } else {
+      endpoint = parse_tcp_endpoint(method.substr(6));
+    }
+    master_host = endpoint.host;
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<std::uint16_t>(endpoint.port);
+    store_options.isServer = rank == 0;
+    store_options.numWorkers = world_size;
+    store_options.waitWorkers = false;  // our own rendezvous below names the missing ranks
+    store_options.timeout = options.timeout;
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(endpoint.host, store_options);
+    } catch (const std::exception& error) {
+      std::ostringstream message;
+      if (rank == 0) {
+        message << "rank 0 could not host the store on port " << endpoint.port
+                << " (is the port already in use? pick another MASTER_PORT): " << error.what();
+      } else {
+        message << "rank " << rank << " could not reach the master store at " << endpoint.host << ":"
+                << endpoint.port << " within " << options.timeout.count() / 1000.0
+                << " s: is rank 0 running, and are MASTER_ADDR/MASTER_PORT right? (" << error.what() << ")";
+      }
+      throw std::runtime_error("ddp::init_process_group: " + message.str());
+    }
+  } else if (method.rfind("file://", 0) == 0) {
+    const std::string path = method.substr(7);
+    if (path.empty()) fail("init_method 'file://' needs a path, e.g. file:///tmp/ddp_rendezvous");
+    store = c10::make_intrusive<c10d::FileStore>(path, world_size);
+  } else {
+    fail("unknown init_method scheme in '" + method +
+         "': use env:// (MASTER_ADDR/MASTER_PORT), tcp://host:port or file:///path");
+  }
+  store->setTimeout(options.timeout);
+  rendezvous(*store, rank, world_size, options.timeout, where);
+
+  auto backend_store = c10::make_intrusive<c10d::PrefixStore>(backend, store);
+#ifdef DDP_HAVE_NCCL
+  if (backend == "nccl") {
+    return compat::make_nccl_group(backend_store, rank, world_size, options.timeout);
+  }
+#endif
+  return compat::make_gloo_group(backend_store, rank, world_size, options.timeout,
+                                 make_gloo_device(master_host));
+}
+
+ProcessGroupPtr init_process_group(const InitOptions& options) {
+  auto group = new_process_group(options);
+  std::lock_guard<std::mutex> lock(g_default_mutex);
+  g_default_group = group;
+  return group;
+}
+
+bool is_initialized() {
+  std::lock_guard<std::mutex> lock(g_default_mutex);
+  return static_cast<bool>(g_default_group);
+}
+
+ProcessGroupPtr default_group() {
+  std::lock_guard<std::mutex> lock(g_default_mutex);
+  if (!g_default_group) {
+    throw std::logic_error(
+        "ddp: no default process group: call ddp::init_process_group() first (or pass a group)");
+  }
+  return g_default_group;
+}
+
+void destroy_process_group() {
+  std::lock_guard<std::mutex> lock(g_default_mutex);
+  g_default_group.reset();
+}
+
+namespace {
+ProcessGroupPtr resolve(const ProcessGroupPtr& group) { return group ? group : default_group(); }
+
+void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
+  try {
+    work->wait();
+  } catch (const std::exception& error) {
+    throw std::runtime_error(std::string("ddp::") + what +
+                             " failed (a peer rank may have died or timed out): " + error.what());
+  }
+}
+}  // namespace
+
+int get_rank(const ProcessGroupPtr& group) { return resolve(group)->getRank(); }
+int get_world_size(const ProcessGroupPtr& group) { return resolve(group)->getSize(); }
+
+void barrier(const ProcessGroupPtr& group) { wait_for(resolve(group)->barrier(), "barrier"); }
+
+void all_reduce(at::Tensor& tensor, c10d::ReduceOp op, const ProcessGroupPtr& group) {
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions options;
+  options.reduceOp = op;
+  wait_for(resolve(group)->allreduce(tensors, options), "all_reduce");
+}
+
+void broadcast(at::Tensor& tensor, int src, const ProcessGroupPtr& group) {
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::BroadcastOptions options;
+  options.rootRank = src;
+  wait_for(resolve(group)->broadcast(tensors, options), "broadcast");
+}
+
+std::vector<at::Tensor> all_gather(const at::Tensor& tensor, const ProcessGroupPtr& group) {
+  auto pg = resolve(group);
+  std::vector<at::Tensor> input{tensor.contiguous()};
+  std::vector<std::vector<at::Tensor>> output(1);
+  for (int r = 0; r < pg->getSize(); ++r) output[0].push_back(at::empty_like(input[0]));
+  wait_for(pg->allgather(output, input), "all_gather");
+  return output[0];
+}
+
+int local_rank() {
+  const char* value = std::getenv("LOCAL_RANK");
+  if (value == nullptr || *value == '\0') return 0;
+  return static_cast<int>(parse_int(value, "LOCAL_RANK", 0, 1 << 20));
+}
+
+}  // namespace ddp

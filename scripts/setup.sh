@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs every dependency of torchddp on Debian bookworm. Idempotent: silent when all present.
+set -euo pipefail
+packages=(cmake g++ ninja-build ccache pkg-config zlib1g-dev
+          libtorch-dev libgloo-dev libfmt-dev libgtest-dev libgmock-dev libcli11-dev
+          nlohmann-json3-dev dataset-fashion-mnist gnuplot-nox procps iproute2)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "setup: installing ${missing[*]}"
+SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
