@@ -1,0 +1,89 @@
+#pragma once
+// DistributedSampler: gives each rank its own shard of a dataset, in the same order as PyTorch's
+// torch.utils.data.distributed.DistributedSampler (same seed, epoch, world size and rank give the
+// same indices), so a C++ run can be compared with, or resumed from, a Python one.
+//
+//   ddp::DistributedSampler sampler(dataset.size().value(),
+//       ddp::DistributedSamplerOptions().num_replicas(W).rank(r).shuffle(true).seed(0));
+//   auto loader = torch::data::make_data_loader(dataset, sampler, batch_size);
+//   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+//     sampler.set_epoch(epoch);            // a new shuffle every epoch, as in Python
+//     for (auto& batch : *loader) { ... }
+//   }
+//
+// A DistributedSampler is a handle: copies share one position. make_data_loader keeps its own
+// copy of the sampler, and this sharing is what lets set_epoch() on your handle reach it (Python
+// gets the same effect because its DataLoader holds a reference to the sampler).
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <c10/util/Optional.h>
+#include <torch/arg.h>
+#include <torch/data/samplers/base.h>
+
+#include <ddp/sampler_state.h>
+
+namespace ddp {
+
+struct DistributedSamplerOptions {
+  // Number of ranks sharing the dataset; unset: the default process group's world size.
+  TORCH_ARG(c10::optional<int64_t>, num_replicas) = c10::nullopt;
+  // This process's rank in [0, num_replicas); unset: its rank in the default process group.
+  TORCH_ARG(c10::optional<int64_t>, rank) = c10::nullopt;
+  // Permute with a CPU generator seeded seed + epoch (identical on every rank).
+  TORCH_ARG(bool, shuffle) = true;
+  TORCH_ARG(int64_t, seed) = 0;
+  // Drop the tail that does not divide evenly instead of padding it with repeated indices.
+  TORCH_ARG(bool, drop_last) = false;
+};
+
+class DistributedSampler : public torch::data::samplers::Sampler<> {
+ public:
+  // Throws std::invalid_argument on a bad world size or rank, or when drop_last leaves a rank
+  // with nothing to do.
+  explicit DistributedSampler(size_t dataset_size, DistributedSamplerOptions options = {});
+
+  // Selects the shuffle of `epoch` and restarts at its beginning.
+  void set_epoch(int64_t epoch);
+  int64_t epoch() const;
+  // Samples this rank yields per epoch (the same on every rank).
+  size_t size() const;
+  size_t dataset_size() const;
+  int64_t num_replicas() const { return num_replicas_; }
+  int64_t rank() const { return rank_; }
+  const DistributedSamplerOptions& options() const { return options_; }
+  // This rank's indices for the current epoch, in order.
+  const std::vector<size_t>& indices() const;
+
+  // Restarts the current epoch (the data loader calls this at the start of every pass). A new size
+  // means a new dataset: the epoch's indices are recomputed. Right after load_state() the restored
+  // position is kept, so that a data loader's first pass resumes instead of starting over.
+  void reset(c10::optional<size_t> new_size = c10::nullopt) override;
+  // Up to batch_size of this rank's next indices; nullopt once the epoch is exhausted.
+  c10::optional<std::vector<size_t>> next(size_t batch_size) override;
+
+  // Where this rank stands: the epoch and how many indices it yielded (for checkpoints). With
+  // data-loader workers, indices are fetched ahead of training, so save between passes or with
+  // workers = 0 to resume at the exact batch.
+  SamplerState state() const;
+  // Continues exactly where a sampler with this state stopped (same dataset size and options).
+  void load_state(const SamplerState& state);
+
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+ private:
+  struct Position;  // shared between copies, see above
+  DistributedSamplerOptions options_;
+  int64_t num_replicas_ = 1;
+  int64_t rank_ = 0;
+  std::shared_ptr<Position> position_;
+};
+
+// The indices rank `rank` of `num_replicas` gets in `epoch`, exactly as PyTorch computes them.
+std::vector<size_t> distributed_indices(size_t dataset_size, int64_t num_replicas, int64_t rank,
+                                        bool shuffle, int64_t seed, int64_t epoch, bool drop_last);
+
+}  // namespace ddp

@@ -1,0 +1,172 @@
+#include <ddp/distributed_sampler.h>
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/serialize/archive.h>
+#include <torch/torch.h>
+
+#include <ddp/process_group.h>
+
+namespace ddp {
+namespace {
+
+// Samples per rank: PyTorch pads up to a multiple of the world size, or with drop_last cuts down
+// to one (its ceil((n - W) / W) is floor(n / W) for every n, including n < W).
+size_t samples_per_rank(size_t dataset_size, size_t num_replicas, bool drop_last) {
+  return drop_last ? dataset_size / num_replicas : (dataset_size + num_replicas - 1) / num_replicas;
+}
+
+void check_size(size_t dataset_size, int64_t num_replicas, bool drop_last) {
+  if (drop_last && samples_per_rank(dataset_size, num_replicas, drop_last) == 0) {
+    throw std::invalid_argument(
+        "DistributedSampler: drop_last with dataset_size " + std::to_string(dataset_size) +
+        " and num_replicas " + std::to_string(num_replicas) +
+        " leaves every rank 0 samples; use a dataset of at least num_replicas samples or drop_last(false)");
+  }
+}
+
+int64_t resolve_num_replicas(const DistributedSamplerOptions& options) {
+  if (options.num_replicas()) return *options.num_replicas();
+  if (!ddp::is_initialized()) {
+    throw std::invalid_argument(
+        "DistributedSampler: num_replicas is unset and no default process group exists; call "
+        "ddp::init_process_group first or pass DistributedSamplerOptions().num_replicas(W)");
+  }
+  return ddp::get_world_size();
+}
+
+int64_t resolve_rank(const DistributedSamplerOptions& options) {
+  if (options.rank()) return *options.rank();
+  if (!ddp::is_initialized()) {
+    throw std::invalid_argument(
+        "DistributedSampler: rank is unset and no default process group exists; call "
+        "ddp::init_process_group first or pass DistributedSamplerOptions().rank(r)");
+  }
+  return ddp::get_rank();
+}
+
+}  // namespace
+
+std::vector<size_t> distributed_indices(size_t dataset_size, int64_t num_replicas, int64_t rank,
+                                        bool shuffle, int64_t seed, int64_t epoch, bool drop_last) {
+  const size_t world = static_cast<size_t>(num_replicas);
+  const size_t total = samples_per_rank(dataset_size, world, drop_last) * world;
+
+  std::vector<size_t> order(dataset_size);
+  if (shuffle) {
+    // The same generator and the same randperm as Python's torch.randperm(n, generator=g).
+    auto generator = at::detail::createCPUGenerator(static_cast<uint64_t>(seed + epoch));
+    auto permutation = torch::randperm(static_cast<int64_t>(dataset_size), generator, torch::kLong);
+    const int64_t* values = permutation.data_ptr<int64_t>();
+    for (size_t i = 0; i < dataset_size; ++i) order[i] = static_cast<size_t>(values[i]);
+  } else {
+    for (size_t i = 0; i < dataset_size; ++i) order[i] = i;
+  }
+
+  // Rank r takes positions r, r + W, ... of the order padded (by wrapping around from the start,
+  // as many times as needed) or truncated to `total`.
+  std::vector<size_t> mine;
+  mine.reserve(total / world);
+  for (size_t i = static_cast<size_t>(rank); i < total; i += world) mine.push_back(order[i % dataset_size]);
+  return mine;
+}
+
+struct DistributedSampler::Position {
+  size_t dataset_size = 0;
+  int64_t epoch = 0;
+  std::vector<size_t> indices;  // this rank's indices for `epoch`
+  size_t consumed = 0;
+  bool restored = false;  // load_state() was called and next() not yet: reset() keeps the position
+};
+
+DistributedSampler::DistributedSampler(size_t dataset_size, DistributedSamplerOptions options)
+    : options_(std::move(options)), position_(std::make_shared<Position>()) {
+  num_replicas_ = resolve_num_replicas(options_);
+  rank_ = resolve_rank(options_);
+  if (num_replicas_ < 1) {
+    throw std::invalid_argument("DistributedSampler: num_replicas must be at least 1, got " +
+                                std::to_string(num_replicas_));
+  }
+  if (rank_ < 0 || rank_ >= num_replicas_) {
+    throw std::invalid_argument("DistributedSampler: rank " + std::to_string(rank_) +
+                                " is outside [0, " + std::to_string(num_replicas_) +
+                                "); pass a rank in [0, num_replicas)");
+  }
+  check_size(dataset_size, num_replicas_, options_.drop_last());
+  position_->dataset_size = dataset_size;
+  set_epoch(0);
+}
+
+void DistributedSampler::set_epoch(int64_t epoch) {
+  position_->epoch = epoch;
+  position_->indices = distributed_indices(position_->dataset_size, num_replicas_, rank_,
+                                           options_.shuffle(), options_.seed(), epoch,
+                                           options_.drop_last());
+  position_->consumed = 0;
+  position_->restored = false;
+}
+
+int64_t DistributedSampler::epoch() const { return position_->epoch; }
+size_t DistributedSampler::size() const { return position_->indices.size(); }
+size_t DistributedSampler::dataset_size() const { return position_->dataset_size; }
+const std::vector<size_t>& DistributedSampler::indices() const { return position_->indices; }
+
+void DistributedSampler::reset(c10::optional<size_t> new_size) {
+  if (new_size && *new_size != position_->dataset_size) {
+    check_size(*new_size, num_replicas_, options_.drop_last());
+    position_->dataset_size = *new_size;
+    set_epoch(position_->epoch);
+    return;
+  }
+  if (!position_->restored) position_->consumed = 0;
+}
+
+c10::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
+  Position& position = *position_;
+  position.restored = false;
+  if (position.consumed >= position.indices.size()) return c10::nullopt;
+  const size_t end = std::min(position.indices.size(), position.consumed + batch_size);
+  std::vector<size_t> batch(position.indices.begin() + position.consumed, position.indices.begin() + end);
+  position.consumed = end;
+  return batch;
+}
+
+SamplerState DistributedSampler::state() const {
+  return SamplerState{position_->epoch, static_cast<int64_t>(position_->consumed)};
+}
+
+void DistributedSampler::load_state(const SamplerState& state) {
+  set_epoch(state.epoch);
+  if (state.consumed < 0 || static_cast<size_t>(state.consumed) > size()) {
+    throw std::invalid_argument("DistributedSampler::load_state: consumed " + std::to_string(state.consumed) +
+                                " is outside [0, " + std::to_string(size()) +
+                                "] (the samples per epoch of this rank); was the state saved with a "
+                                "different dataset size or world size?");
+  }
+  position_->consumed = static_cast<size_t>(state.consumed);
+  position_->restored = true;
+}
+
+void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
+  archive.write("epoch", torch::tensor(position_->epoch, torch::kInt64), /*is_buffer=*/true);
+  archive.write("consumed", torch::tensor(static_cast<int64_t>(position_->consumed), torch::kInt64), true);
+  archive.write("dataset_size", torch::tensor(static_cast<int64_t>(position_->dataset_size), torch::kInt64), true);
+}
+
+void DistributedSampler::load(torch::serialize::InputArchive& archive) {
+  torch::Tensor epoch, consumed, dataset_size;
+  archive.read("epoch", epoch, /*is_buffer=*/true);
+  archive.read("consumed", consumed, true);
+  archive.read("dataset_size", dataset_size, true);
+  if (static_cast<size_t>(dataset_size.item<int64_t>()) != position_->dataset_size) {
+    throw std::invalid_argument("DistributedSampler::load: the archive is for a dataset of " +
+                                std::to_string(dataset_size.item<int64_t>()) + " samples, this sampler has " +
+                                std::to_string(position_->dataset_size));
+  }
+  load_state(SamplerState{epoch.item<int64_t>(), consumed.item<int64_t>()});
+}
+
+}  // namespace ddp

@@ -1,0 +1,263 @@
+// DistributedSampler: the exact order of PyTorch's sampler, resume mid-epoch, the data loader,
+// and bad input.
+#include <fstream>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ddp/distributed_sampler.h>
+
+namespace {
+
+using Indices = std::vector<size_t>;
+
+ddp::DistributedSamplerOptions options(int64_t world, int64_t rank) {
+  return ddp::DistributedSamplerOptions().num_replicas(world).rank(rank);
+}
+
+Indices drain(ddp::DistributedSampler& sampler, size_t batch_size) {
+  Indices all;
+  while (auto batch = sampler.next(batch_size)) all.insert(all.end(), batch->begin(), batch->end());
+  return all;
+}
+
+// --- identical to PyTorch -------------------------------------------------------------------------
+// tests/sampler/data/expected_sequences.txt holds what torch.utils.data.distributed.DistributedSampler
+// (PyTorch 1.13, Debian's python3-torch) yields for each case; it was written by
+// `/usr/bin/python3 tools/gen_sampler_expected.py`. Each line:
+//   <dataset_size> <num_replicas> <rank> <shuffle> <seed> <epoch> <drop_last> : <indices...>
+struct ExpectedCase {
+  size_t dataset_size;
+  int64_t world, rank, seed, epoch;
+  bool shuffle, drop_last;
+  Indices indices;
+  std::string line;
+};
+
+std::vector<ExpectedCase> read_expected() {
+  const std::string path = std::string(DDP_SAMPLER_TEST_DATA) + "/expected_sequences.txt";
+  std::ifstream file(path);
+  EXPECT_TRUE(file.good()) << "cannot open " << path;
+  std::vector<ExpectedCase> cases;
+  std::string line;
+  while (std::getline(file, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream in(line);
+    ExpectedCase c;
+    int shuffle = 0, drop_last = 0;
+    std::string colon;
+    in >> c.dataset_size >> c.world >> c.rank >> shuffle >> c.seed >> c.epoch >> drop_last >> colon;
+    EXPECT_EQ(colon, ":") << "malformed line: " << line;
+    c.shuffle = shuffle != 0;
+    c.drop_last = drop_last != 0;
+    for (size_t index; in >> index;) c.indices.push_back(index);
+    c.line = line.substr(0, line.find(':'));
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+TEST(DistributedSampler, MatchesPyTorchOrderInEveryCase) {
+  const auto cases = read_expected();
+  ASSERT_EQ(cases.size(), 1381u);  // every case the generator wrote
+  size_t shuffled = 0, dropped = 0, padded = 0;
+  for (const auto& c : cases) {
+    ddp::DistributedSampler sampler(
+        c.dataset_size, options(c.world, c.rank).shuffle(c.shuffle).seed(c.seed).drop_last(c.drop_last));
+    sampler.set_epoch(c.epoch);
+    ASSERT_EQ(sampler.size(), c.indices.size()) << "case " << c.line;
+    ASSERT_EQ(drain(sampler, 7), c.indices) << "case " << c.line;
+    shuffled += c.shuffle;
+    dropped += c.drop_last && c.dataset_size % c.world != 0;
+    padded += !c.drop_last && c.dataset_size % c.world != 0;
+  }
+  // The file really covers the interesting corners.
+  EXPECT_GT(shuffled, 1000u);
+  EXPECT_GT(dropped, 100u);
+  EXPECT_GT(padded, 100u);
+}
+
+// --- semantics, independent of the reference file -------------------------------------------------
+TEST(DistributedSampler, PadsByWrappingAroundAndDealsRoundRobin) {
+  // 5 samples on 3 ranks: 0 1 2 3 4 | 0 → rank 0: 0 3, rank 1: 1 4, rank 2: 2 0.
+  const std::vector<Indices> expected = {{0, 3}, {1, 4}, {2, 0}};
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    ddp::DistributedSampler sampler(5, options(3, rank).shuffle(false));
+    EXPECT_EQ(drain(sampler, 100), expected[rank]) << "rank " << rank;
+  }
+  // Padding longer than the dataset repeats it whole: 2 samples on 8 ranks → 0 1 0 1 0 1 0 1.
+  ddp::DistributedSampler rank7(2, options(8, 7).shuffle(false));
+  EXPECT_EQ(drain(rank7, 1), Indices{1});
+}
+
+TEST(DistributedSampler, DropLastTruncatesAndRanksPartitionTheDataset) {
+  std::set<size_t> seen;
+  for (int64_t rank = 0; rank < 4; ++rank) {
+    ddp::DistributedSampler sampler(23, options(4, rank).seed(7).drop_last(true));
+    EXPECT_EQ(sampler.size(), 5u);
+    for (size_t index : drain(sampler, 3)) EXPECT_TRUE(seen.insert(index).second) << "duplicate " << index;
+  }
+  EXPECT_EQ(seen.size(), 20u);
+}
+
+TEST(DistributedSampler, SetEpochChangesTheShuffleAndRestarts) {
+  ddp::DistributedSampler sampler(50, options(2, 1).seed(3));
+  const Indices epoch0 = drain(sampler, 8);
+  sampler.set_epoch(1);
+  EXPECT_EQ(sampler.epoch(), 1);
+  const Indices epoch1 = drain(sampler, 8);
+  EXPECT_EQ(epoch0.size(), 25u);
+  EXPECT_EQ(epoch1.size(), 25u);
+  EXPECT_NE(epoch0, epoch1);
+  sampler.set_epoch(0);
+  EXPECT_EQ(drain(sampler, 8), epoch0);  // deterministic
+  // A different seed gives a different order for the same epoch.
+  ddp::DistributedSampler other_seed(50, options(2, 1).seed(4));
+  EXPECT_NE(drain(other_seed, 8), epoch0);
+}
+
+TEST(DistributedSampler, ResetRestartsTheEpochAndNewSizeRecomputes) {
+  ddp::DistributedSampler sampler(10, options(2, 0).shuffle(false));
+  ASSERT_EQ(*sampler.next(3), (Indices{0, 2, 4}));
+  sampler.reset();
+  EXPECT_EQ(drain(sampler, 3), (Indices{0, 2, 4, 6, 8}));
+  sampler.reset(4);
+  EXPECT_EQ(sampler.dataset_size(), 4u);
+  EXPECT_EQ(drain(sampler, 3), (Indices{0, 2}));
+}
+
+TEST(DistributedSampler, StateRestoreContinuesMidEpoch) {
+  const auto make = [] { return ddp::DistributedSampler(101, options(3, 2).seed(11)); };
+  auto uninterrupted = make();
+  uninterrupted.set_epoch(4);
+  const Indices whole = drain(uninterrupted, 5);
+
+  auto first = make();
+  first.set_epoch(4);
+  Indices before;
+  for (int step = 0; step < 3; ++step) {
+    auto batch = first.next(5);
+    before.insert(before.end(), batch->begin(), batch->end());
+  }
+  const ddp::SamplerState saved = first.state();
+  EXPECT_EQ(saved, (ddp::SamplerState{4, 15}));
+
+  auto resumed = make();  // a fresh process: epoch 0, position 0
+  resumed.load_state(saved);
+  resumed.reset();        // what a data loader's begin() does: must not lose the restored position
+  Indices after = drain(resumed, 5);
+  before.insert(before.end(), after.begin(), after.end());
+  EXPECT_EQ(before, whole);
+  // The restored position is used once; the next pass is the whole epoch again.
+  resumed.reset();
+  EXPECT_EQ(drain(resumed, 5), whole);
+}
+
+TEST(DistributedSampler, SaveLoadThroughArchive) {
+  ddp::DistributedSampler sampler(40, options(2, 0).seed(5));
+  sampler.set_epoch(2);
+  sampler.next(6);
+  torch::serialize::OutputArchive out;
+  sampler.save(out);
+  std::ostringstream bytes;
+  out.save_to(bytes);
+
+  ddp::DistributedSampler restored(40, options(2, 0).seed(5));
+  torch::serialize::InputArchive in;
+  std::istringstream input(bytes.str());
+  in.load_from(input);
+  restored.load(in);
+  EXPECT_EQ(restored.state(), (ddp::SamplerState{2, 6}));
+  EXPECT_EQ(*restored.next(2), Indices(sampler.indices().begin() + 6, sampler.indices().begin() + 8));
+
+  ddp::DistributedSampler wrong_size(41, options(2, 0).seed(5));
+  torch::serialize::InputArchive again;
+  std::istringstream input2(bytes.str());
+  again.load_from(input2);
+  try {
+    wrong_size.load(again);
+    FAIL() << "loading a 40-sample archive into a 41-sample sampler succeeded";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_STREQ(error.what(),
+                 "DistributedSampler::load: the archive is for a dataset of 40 samples, this sampler has 41");
+  }
+}
+
+// A dataset whose example is its own index, to see which indices the loader fetched.
+struct IndexDataset : torch::data::datasets::Dataset<IndexDataset, int64_t> {
+  explicit IndexDataset(size_t n) : n(n) {}
+  int64_t get(size_t index) override { return static_cast<int64_t>(index); }
+  c10::optional<size_t> size() const override { return n; }
+  size_t n;
+};
+
+TEST(DistributedSampler, WorksWithMakeDataLoaderAndSetEpochReachesIt) {
+  ddp::DistributedSampler sampler(30, options(2, 1).seed(9));
+  auto loader = torch::data::make_data_loader(IndexDataset(30), sampler,
+                                              torch::data::DataLoaderOptions().batch_size(4));
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    sampler.set_epoch(epoch);  // our handle; the loader holds a copy sharing the position
+    Indices fetched;
+    size_t batches = 0;
+    for (auto& batch : *loader) {
+      ++batches;
+      for (int64_t index : batch) fetched.push_back(static_cast<size_t>(index));
+    }
+    EXPECT_EQ(batches, 4u);  // 15 samples in batches of 4
+    EXPECT_EQ(fetched, ddp::distributed_indices(30, 2, 1, true, 9, epoch, false)) << "epoch " << epoch;
+  }
+  // Resume through the loader: its begin() keeps a restored position.
+  sampler.load_state({1, 8});
+  Indices rest;
+  for (auto& batch : *loader) for (int64_t index : batch) rest.push_back(static_cast<size_t>(index));
+  const Indices epoch1 = ddp::distributed_indices(30, 2, 1, true, 9, 1, false);
+  EXPECT_EQ(rest, Indices(epoch1.begin() + 8, epoch1.end()));
+}
+
+// --- bad input ---------------------------------------------------------------------------------------
+std::string error_of(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const std::invalid_argument& error) {
+    return error.what();
+  }
+  return "(no std::invalid_argument)";
+}
+
+TEST(DistributedSampler, BadInputNamesTheValueAndTheFix) {
+  EXPECT_EQ(error_of([] { ddp::DistributedSampler(10, options(0, 0)); }),
+            "DistributedSampler: num_replicas must be at least 1, got 0");
+  EXPECT_EQ(error_of([] { ddp::DistributedSampler(10, options(2, 2)); }),
+            "DistributedSampler: rank 2 is outside [0, 2); pass a rank in [0, num_replicas)");
+  EXPECT_EQ(error_of([] { ddp::DistributedSampler(10, options(2, -1)); }),
+            "DistributedSampler: rank -1 is outside [0, 2); pass a rank in [0, num_replicas)");
+  EXPECT_EQ(error_of([] { ddp::DistributedSampler(0, options(2, 0).drop_last(true)); }),
+            "DistributedSampler: drop_last with dataset_size 0 and num_replicas 2 leaves every rank 0 "
+            "samples; use a dataset of at least num_replicas samples or drop_last(false)");
+  EXPECT_EQ(error_of([] { ddp::DistributedSampler(3, options(4, 0).drop_last(true)); }),
+            "DistributedSampler: drop_last with dataset_size 3 and num_replicas 4 leaves every rank 0 "
+            "samples; use a dataset of at least num_replicas samples or drop_last(false)");
+  EXPECT_EQ(error_of([] { ddp::DistributedSampler(10, ddp::DistributedSamplerOptions().rank(0)); }),
+            "DistributedSampler: num_replicas is unset and no default process group exists; call "
+            "ddp::init_process_group first or pass DistributedSamplerOptions().num_replicas(W)");
+  EXPECT_EQ(error_of([] { ddp::DistributedSampler(10, ddp::DistributedSamplerOptions().num_replicas(2)); }),
+            "DistributedSampler: rank is unset and no default process group exists; call "
+            "ddp::init_process_group first or pass DistributedSamplerOptions().rank(r)");
+  EXPECT_EQ(error_of([] {
+              ddp::DistributedSampler sampler(10, options(2, 0));
+              sampler.load_state({0, 6});
+            }),
+            "DistributedSampler::load_state: consumed 6 is outside [0, 5] (the samples per epoch of this "
+            "rank); was the state saved with a different dataset size or world size?");
+  // An empty dataset without drop_last is fine, as in PyTorch: nothing to yield.
+  ddp::DistributedSampler empty(0, options(2, 1));
+  EXPECT_EQ(empty.size(), 0u);
+  EXPECT_FALSE(empty.next(4).has_value());
+}
+
+}  // namespace
