@@ -1,0 +1,84 @@
+// ddprun: starts one process per rank with torchrun's environment, supervises them, and restarts
+// or stops the whole group together. See launch/README.md.
+//
+// Exit codes: 0 success; 1 a rank failed (after the allowed restarts) or the rendezvous failed;
+// 2 bad input (nothing was started); 128+N stopped by signal N.
+#include <cstdlib>
+#include <iostream>
+
+#include "options.h"
+#include "rendezvous.h"
+#include "signals.h"
+#include "supervisor.h"
+
+namespace {
+
+bool stop_requested() { return ddprun::stop_signal() != 0; }
+
+void report(const ddprun::RoundResult& result) {
+  std::cerr << "ddprun: " << result.reason << "\n";
+  if (!result.tail.empty()) {
+    std::cerr << "ddprun: last " << result.tail.size() << " line(s) of its output"
+              << (result.log_path.empty() ? "" : " (full log: " + result.log_path + ")") << ":\n";
+    for (const auto& line : result.tail) std::cerr << "  | " << line << "\n";
+  }
+}
+
+int run(ddprun::Options& options) {
+  auto rendezvous = ddprun::make_rendezvous(options);
+  ddprun::install_signal_handlers();
+  if (options.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+    std::cerr << "ddprun: setting OMP_NUM_THREADS=1 for each rank to avoid oversubscribing the CPUs; "
+                 "set it yourself to tune\n";
+  }
+  for (int round = 0;; ++round) {
+    ddprun::RoundInfo info;
+    try {
+      info = rendezvous->join(round, stop_requested);
+    } catch (const ddprun::RendezvousError& error) {
+      std::cerr << "ddprun: rendezvous failed: " << error.what() << "\n";
+      rendezvous->leave();
+      return stop_requested() ? 128 + ddprun::stop_signal() : 1;
+    }
+    auto result = ddprun::run_round(options, info, round, *rendezvous);
+    if (result.outcome == ddprun::RoundResult::kSucceeded) {
+      auto peer = rendezvous->finish(round, stop_requested);
+      if (!peer) {
+        rendezvous->leave();
+        return 0;
+      }
+      result.outcome = ddprun::RoundResult::kPeerFailed;
+      result.reason = *peer;
+    }
+    if (result.outcome == ddprun::RoundResult::kInterrupted) {
+      std::cerr << "ddprun: " << result.reason << "; stopped all ranks\n";
+      rendezvous->leave();
+      return 128 + result.signal;
+    }
+    if (result.outcome == ddprun::RoundResult::kPeerFailed) result.reason = "another node failed: " + result.reason;
+    report(result);
+    if (round >= options.max_restarts) {
+      std::cerr << "ddprun: stopped all ranks; job failed"
+                << (options.max_restarts > 0 ? " after " + std::to_string(round) + " restart(s)" : "") << "\n";
+      rendezvous->leave();
+      return 1;
+    }
+    std::cerr << "ddprun: restarting all ranks (restart " << round + 1 << " of " << options.max_restarts << ")\n";
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ddprun::Options options;
+  try {
+    if (!ddprun::parse_options(argc, argv, options)) return 0;
+    return run(options);
+  } catch (const ddprun::UsageError& error) {
+    std::cerr << "ddprun: error: " << error.what() << "\nRun 'ddprun --help' for usage.\n";
+    return 2;
+  } catch (const std::exception& error) {
+    std::cerr << "ddprun: error: " << error.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,174 @@
+#include "options.h"
+
+#include <sched.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <regex>
+#include <algorithm>
+
+#include "process.h"
+
+namespace ddprun {
+
+int count_cpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? static_cast<int>(online) : 1;
+}
+
+int count_gpus() {
+  // Device nodes exist wherever the NVIDIA driver is loaded; nvidia-smi covers containers that
+  // expose GPUs differently.
+  int nodes = 0;
+  std::error_code error;
+  const std::regex device("nvidia[0-9]+");
+  for (const auto& entry : std::filesystem::directory_iterator("/dev", error)) {
+    if (std::regex_match(entry.path().filename().string(), device)) ++nodes;
+  }
+  if (nodes > 0) return nodes;
+  if (find_program("nvidia-smi").empty()) return 0;
+  FILE* pipe = popen("nvidia-smi -L 2>/dev/null", "r");
+  if (pipe == nullptr) return 0;
+  int listed = 0;
+  char line[512];
+  while (fgets(line, sizeof(line), pipe) != nullptr) {
+    if (std::string(line).rfind("GPU ", 0) == 0) ++listed;
+  }
+  pclose(pipe);
+  return listed;
+}
+
+namespace {
+
+int parse_nproc(const std::string& text) {
+  if (text == "cpu") return count_cpus();
+  if (text == "gpu") {
+    const int gpus = count_gpus();
+    if (gpus == 0) {
+      throw UsageError("--nproc-per-node gpu: no NVIDIA GPU found (no /dev/nvidia<N>, no GPU in 'nvidia-smi -L')");
+    }
+    return gpus;
+  }
+  try {
+    size_t used = 0;
+    const int value = std::stoi(text, &used);
+    if (used == text.size()) {
+      if (value < 1) throw UsageError("--nproc-per-node must be at least 1 (got " + text + ")");
+      return value;
+    }
+  } catch (const std::logic_error&) {
+  }
+  throw UsageError("--nproc-per-node must be a number, 'cpu' or 'gpu' (got '" + text + "')");
+}
+
+}  // namespace
+
+bool parse_options(int argc, char** argv, Options& options) {
+  CLI::App app{
+      "ddprun: start one process per rank of a torchddp job (the C++ counterpart of torchrun).\n"
+      "Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,\n"
+      "MASTER_ADDR, MASTER_PORT and DDPRUN_RESTART_COUNT, so ddp::init_process_group() with env://\n"
+      "just works.",
+      "ddprun"};
+  std::string nproc = "1";
+  app.add_option("--nproc-per-node,--nproc_per_node", nproc, "ranks on this node: a number, 'cpu' or 'gpu'")
+      ->capture_default_str();
+  app.add_option("--nnodes", options.nnodes, "number of nodes (hosts) in the job")->capture_default_str();
+  app.add_option("--node-rank,--node_rank", options.node_rank, "this node's index, 0..nnodes-1")
+      ->capture_default_str();
+  app.add_option("--master-addr,--master_addr", options.master_addr, "address of node 0")
+      ->capture_default_str();
+  app.add_option("--master-port,--master_port", options.master_port,
+                 "port on node 0: the ranks' store (1 node) or the launchers' rendezvous store (>1 node)")
+      ->capture_default_str();
+  app.add_flag("--standalone", options.standalone, "single node on 127.0.0.1 with a free port picked by ddprun");
+  app.add_option("--max-restarts,--max_restarts", options.max_restarts,
+                 "restart the whole group this many times after a failure")
+      ->capture_default_str();
+  app.add_option("--monitor-interval,--monitor_interval", options.monitor_interval_s,
+                 "seconds between checks for failures on other nodes")
+      ->capture_default_str();
+  app.add_option("--timeout,--rdzv-timeout", options.rdzv_timeout_s,
+                 "seconds node launchers wait for each other at rendezvous")
+      ->capture_default_str();
+  app.add_option("--grace-period", options.grace_period_s,
+                 "seconds between SIGTERM and SIGKILL when stopping ranks")
+      ->capture_default_str();
+  app.add_option("--log-dir,--log_dir", options.log_dir, "write each rank's output to DIR/rank_<RANK>.log");
+  app.add_flag("--tee,!--no-tee", options.tee, "copy rank output to the console (default on; --no-tee needs --log-dir)");
+  app.add_flag("--prefix,!--no-prefix", options.prefix, "prefix console lines with [rank N] (default on)");
+  app.set_version_flag("--version", "ddprun 0.1.0");
+  // Everything from the first positional argument on is the program's command line, so
+  // `ddprun --nproc-per-node 2 train --lr 0.1` works without `--`.
+  app.prefix_command();
+
+  // An explicit `--` ends ddprun's options even if the program's name starts with '-'.
+  std::vector<std::string> own{argv + 1, argv + argc};
+  std::vector<std::string> command;
+  bool explicit_separator = false;
+  for (size_t i = 0; i < own.size(); ++i) {
+    if (own[i] == "--") {
+      command.assign(own.begin() + static_cast<long>(i) + 1, own.end());
+      own.resize(i);
+      explicit_separator = true;
+      break;
+    }
+  }
+  std::reverse(own.begin(), own.end());  // CLI11 parses a reversed vector
+  try {
+    app.parse(own);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return false;
+  } catch (const CLI::CallForVersion&) {
+    std::cout << "ddprun 0.1.0\n";
+    return false;
+  } catch (const CLI::ParseError& error) {
+    throw UsageError(error.what());
+  }
+  const auto remaining = app.remaining();
+  if (!remaining.empty()) {
+    if (explicit_separator) {
+      throw UsageError("unexpected argument '" + remaining.front() + "' before '--'");
+    }
+    if (remaining.front().size() > 1 && remaining.front()[0] == '-') {
+      throw UsageError("unknown option '" + remaining.front() + "'");
+    }
+    command = remaining;
+  }
+
+  options.nproc_per_node = parse_nproc(nproc);
+  if (options.nnodes < 1) throw UsageError("--nnodes must be at least 1 (got " + std::to_string(options.nnodes) + ")");
+  if (options.node_rank < 0 || options.node_rank >= options.nnodes) {
+    throw UsageError("--node-rank " + std::to_string(options.node_rank) + " is out of range for --nnodes " +
+                     std::to_string(options.nnodes) + " (valid: 0.." + std::to_string(options.nnodes - 1) + ")");
+  }
+  if (options.master_port < 1 || options.master_port > 65535) {
+    throw UsageError("--master-port " + std::to_string(options.master_port) + " is out of range [1, 65535]");
+  }
+  if (options.standalone && options.nnodes != 1) {
+    throw UsageError("--standalone is for a single node, but --nnodes is " + std::to_string(options.nnodes));
+  }
+  if (options.max_restarts < 0) throw UsageError("--max-restarts must be >= 0");
+  if (options.monitor_interval_s <= 0) throw UsageError("--monitor-interval must be > 0");
+  if (options.rdzv_timeout_s <= 0) throw UsageError("--timeout must be > 0");
+  if (options.grace_period_s < 0) throw UsageError("--grace-period must be >= 0");
+  if (!options.tee && options.log_dir.empty()) {
+    throw UsageError("--no-tee without --log-dir would throw every rank's output away");
+  }
+  if (command.empty()) throw UsageError("no program given: ddprun [options] [--] program [args...]");
+  options.command = command;
+  options.program_path = find_program(command.front());
+  if (options.program_path.empty()) {
+    throw UsageError("program '" + command.front() + "' not found" +
+                     (command.front().find('/') == std::string::npos ? " in PATH" : "") + " or not executable");
+  }
+  return true;
+}
+
+}  // namespace ddprun

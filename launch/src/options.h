@@ -1,0 +1,42 @@
+#pragma once
+// Command-line options of ddprun and their validation. Everything that can be checked before a
+// process is started is checked here, so bad input never leaves a half-started job behind.
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace ddprun {
+
+// Bad input: ddprun prints the message and exits 2 without starting anything.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Options {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  bool standalone = false;
+  int max_restarts = 0;
+  double monitor_interval_s = 0.1;  // how often the peer-failure key is polled (multi-node)
+  double rdzv_timeout_s = 300;      // how long node launchers wait for each other
+  double grace_period_s = 5;        // SIGTERM -> SIGKILL delay when stopping ranks
+  std::string log_dir;              // one file per rank when set
+  bool tee = true;                  // copy rank output to the console
+  bool prefix = true;               // "[rank N] " before each console line
+  std::vector<std::string> command;  // program and its arguments, as given
+  std::string program_path;          // command[0] resolved through PATH
+};
+
+// Parses argv. Returns false when the caller should exit 0 at once (--help, --version).
+// Throws UsageError for anything invalid.
+bool parse_options(int argc, char** argv, Options& options);
+
+// "gpu" support: how many NVIDIA devices this host has, without linking CUDA (0 if none).
+int count_gpus();
+// CPUs this process may run on.
+int count_cpus();
+
+}  // namespace ddprun

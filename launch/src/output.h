@@ -1,0 +1,44 @@
+#pragma once
+// One rank's output: split into lines, copied to the console with a "[rank N] " prefix (one
+// write() per line, so lines of different ranks never interleave mid-line), appended to the
+// rank's log file, and its last lines kept for the failure report.
+#include <cstdio>
+#include <deque>
+#include <string>
+
+namespace ddprun {
+
+struct OutputSettings {
+  bool tee = true;
+  bool prefix = true;
+  std::string log_dir;  // empty: no log files
+};
+
+class RankOutput {
+ public:
+  static constexpr size_t kTailLines = 20;
+
+  RankOutput(int rank, int restart, const OutputSettings& settings);
+  ~RankOutput();
+  RankOutput(const RankOutput&) = delete;
+  RankOutput& operator=(const RankOutput&) = delete;
+
+  // Bytes read from the rank's stdout (stream 1) or stderr (stream 2).
+  void feed(int stream, const char* data, size_t size);
+  // Emits a last line that had no newline (at the rank's exit).
+  void finish();
+  const std::deque<std::string>& tail() const { return tail_; }
+  const std::string& log_path() const { return log_path_; }
+
+ private:
+  void emit(int stream, const std::string& line);
+
+  int rank_;
+  OutputSettings settings_;
+  std::string pending_[3];  // partial line per stream
+  std::deque<std::string> tail_;
+  std::string log_path_;
+  FILE* log_ = nullptr;
+};
+
+}  // namespace ddprun

@@ -1,0 +1,48 @@
+#pragma once
+// Starting and stopping one rank's process. This is the only platform-specific part of ddprun:
+// process_posix.cpp implements it for Linux/macOS (a Windows backend would be process_win32.cpp
+// with Job Objects; see launch/README.md for what Windows users do today).
+#include <string>
+#include <vector>
+
+namespace ddprun {
+
+struct ExitStatus {
+  int code = 0;    // exit code when signal == 0
+  int signal = 0;  // the signal that killed it, 0 if it exited
+  bool ok() const { return signal == 0 && code == 0; }
+  std::string describe() const;  // "exited with code 3" / "was killed by signal 9 (SIGKILL)"
+};
+
+struct Child {
+  int pid = -1;
+  int stdout_fd = -1;  // read ends of the child's stdout/stderr; -1 once closed
+  int stderr_fd = -1;
+  bool running = false;
+  ExitStatus status;
+};
+
+// Starts `path` with argv `args` and exactly the environment `env` ("NAME=value" entries). The
+// child leads its own process group (a terminal's Ctrl-C reaches only ddprun, which forwards it)
+// and is killed by the kernel if ddprun dies without cleaning up. Throws on failure.
+Child spawn(const std::string& path, const std::vector<std::string>& args, const std::vector<std::string>& env);
+
+// Sends `signal` to the child's whole process group (it and anything it started).
+void signal_group(const Child& child, int signal);
+
+// Non-blocking: when the child has exited, kills what is left of its process group, reaps it,
+// fills child.status and returns true.
+bool reap_if_exited(Child& child);
+
+// The absolute path `name` runs as (PATH lookup unless it contains '/'); empty if not runnable.
+std::string find_program(const std::string& name);
+
+// Our own environment as "NAME=value" entries.
+std::vector<std::string> current_environment();
+
+// True when a TCP port can be listened on by this host right now.
+bool port_is_free(int port);
+// A port that was free a moment ago (the kernel's pick).
+int pick_free_port();
+
+}  // namespace ddprun

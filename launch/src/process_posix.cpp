@@ -1,0 +1,200 @@
+#include "process.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
+#include <cerrno>
+#include <cstdlib>
+#include <stdexcept>
+
+extern char** environ;
+
+namespace ddprun {
+
+std::string ExitStatus::describe() const {
+  if (signal == 0) return "exited with code " + std::to_string(code);
+  const char* name = sigabbrev_np(signal);
+  return "was killed by signal " + std::to_string(signal) + (name ? std::string(" (SIG") + name + ")" : "");
+}
+
+namespace {
+
+std::vector<char*> c_strings(const std::vector<std::string>& strings) {
+  std::vector<char*> pointers;
+  for (const auto& s : strings) pointers.push_back(const_cast<char*>(s.c_str()));
+  pointers.push_back(nullptr);
+  return pointers;
+}
+
+bool is_executable_file(const std::string& path) {
+  struct stat info {};
+  return stat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode) && access(path.c_str(), X_OK) == 0;
+}
+
+}  // namespace
+
+std::string find_program(const std::string& name) {
+  if (name.empty()) return "";
+  if (name.find('/') != std::string::npos) {
+    if (!is_executable_file(name)) return "";
+    char* resolved = realpath(name.c_str(), nullptr);
+    std::string path = resolved ? resolved : name;
+    free(resolved);
+    return path;
+  }
+  const char* path_env = std::getenv("PATH");
+  std::string path = path_env ? path_env : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find(':', start);
+    if (end == std::string::npos) end = path.size();
+    std::string dir = path.substr(start, end - start);
+    if (dir.empty()) dir = ".";
+    const std::string candidate = dir + "/" + name;
+    if (is_executable_file(candidate)) return candidate;
+    start = end + 1;
+  }
+  return "";
+}
+
+std::vector<std::string> current_environment() {
+  std::vector<std::string> env;
+  for (char** entry = environ; *entry != nullptr; ++entry) env.emplace_back(*entry);
+  return env;
+}
+
+Child spawn(const std::string& path, const std::vector<std::string>& args, const std::vector<std::string>& env) {
+  // Everything the child needs is prepared before fork: between fork and exec only
+  // async-signal-safe calls are allowed (ddprun has threads once a TCPStore exists).
+  auto argv = c_strings(args);
+  auto envp = c_strings(env);
+  int out[2], err[2], exec_error[2];
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(exec_error, O_CLOEXEC) != 0) {
+    throw std::runtime_error(std::string("pipe failed: ") + strerror(errno));
+  }
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + strerror(errno));
+  if (pid == 0) {
+    setpgid(0, 0);
+#ifdef __linux__
+    // Last resort against orphans: if ddprun is SIGKILLed, the kernel kills the rank.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // ddprun died before prctl took effect
+#endif
+    // Undo ddprun's signal setup: the program starts with default dispositions and no mask.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) signal(s, SIG_DFL);
+    dup2(out[1], STDOUT_FILENO);
+    dup2(err[1], STDERR_FILENO);
+    execve(path.c_str(), argv.data(), envp.data());
+    const int error = errno;
+    (void)!write(exec_error[1], &error, sizeof(error));
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also from the parent, so signal_group works even before the child ran
+  close(out[1]);
+  close(err[1]);
+  close(exec_error[1]);
+  int error = 0;
+  ssize_t got;
+  do {
+    got = read(exec_error[0], &error, sizeof(error));  // EOF (0) means exec succeeded
+  } while (got < 0 && errno == EINTR);
+  close(exec_error[0]);
+  if (got == sizeof(error)) {
+    waitpid(pid, nullptr, 0);
+    close(out[0]);
+    close(err[0]);
+    throw std::runtime_error("could not start " + path + ": " + strerror(error));
+  }
+  fcntl(out[0], F_SETFL, O_NONBLOCK);
+  fcntl(err[0], F_SETFL, O_NONBLOCK);
+  Child child;
+  child.pid = pid;
+  child.stdout_fd = out[0];
+  child.stderr_fd = err[0];
+  child.running = true;
+  return child;
+}
+
+void signal_group(const Child& child, int signal) {
+  if (child.running) kill(-child.pid, signal);
+}
+
+bool reap_if_exited(Child& child) {
+  if (!child.running) return false;
+  siginfo_t info{};
+  // Peek first (WNOWAIT): while the leader is an unreaped zombie its pid cannot be reused, so
+  // killing the group below cannot hit an unrelated process.
+  if (waitid(P_PID, child.pid, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) return false;
+  kill(-child.pid, SIGKILL);  // a rank's helpers do not outlive it
+  int status = 0;
+  while (waitpid(child.pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  child.running = false;
+  if (WIFSIGNALED(status)) {
+    child.status.signal = WTERMSIG(status);
+  } else {
+    child.status.code = WEXITSTATUS(status);
+  }
+  return true;
+}
+
+bool port_is_free(int port) {
+  // Same socket options as c10d's TCPStore server, so a port in TIME_WAIT counts as free.
+  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  bool v6 = fd >= 0;
+  if (!v6) fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  int result;
+  if (v6) {
+    int zero = 0;
+    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+    sockaddr_in6 address{};
+    address.sin6_family = AF_INET6;
+    address.sin6_addr = in6addr_any;
+    address.sin6_port = htons(static_cast<uint16_t>(port));
+    result = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  } else {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_ANY);
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    result = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  }
+  if (result == 0) result = listen(fd, 1);
+  close(fd);
+  return result == 0;
+}
+
+int pick_free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  address.sin_port = 0;
+  socklen_t length = sizeof(address);
+  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    if (fd >= 0) close(fd);
+    throw std::runtime_error(std::string("could not pick a free port: ") + strerror(errno));
+  }
+  close(fd);
+  return ntohs(address.sin_port);
+}
+
+}  // namespace ddprun

@@ -1,0 +1,48 @@
+#include "signals.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <initializer_list>
+
+namespace ddprun {
+namespace {
+
+int wake_pipe[2] = {-1, -1};
+volatile std::sig_atomic_t requested_stop = 0;
+
+void on_signal(int signal) {
+  const int saved = errno;  // a handler must not clobber errno of the interrupted code
+  if (signal != SIGCHLD) requested_stop = signal;
+  const char byte = 0;
+  (void)!write(wake_pipe[1], &byte, 1);
+  errno = saved;
+}
+
+}  // namespace
+
+void install_signal_handlers() {
+  if (wake_pipe[0] >= 0) return;
+  if (pipe2(wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return;
+  struct sigaction action {};
+  action.sa_handler = on_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaction(s, &action, nullptr);
+  signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the launcher before it cleans up
+}
+
+int wake_fd() { return wake_pipe[0]; }
+
+void drain_wakeups() {
+  char buffer[64];
+  while (read(wake_pipe[0], buffer, sizeof(buffer)) > 0) {
+  }
+}
+
+int stop_signal() { return requested_stop; }
+
+}  // namespace ddprun

@@ -1,0 +1,205 @@
+#include "supervisor.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "output.h"
+#include "process.h"
+#include "signals.h"
+
+namespace ddprun {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Rank {
+  int global = 0;
+  Child child;
+  std::unique_ptr<RankOutput> output;
+};
+
+// Reads whatever the pipe has; closes it at EOF.
+void pump(int& fd, int stream, RankOutput& output) {
+  char buffer[65536];
+  while (fd >= 0) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n > 0) {
+      output.feed(stream, buffer, static_cast<size_t>(n));
+    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+      close(fd);
+      fd = -1;
+    } else if (errno == EAGAIN) {
+      return;
+    }
+  }
+}
+
+class Round {
+ public:
+  Round(const Options& options, const RoundInfo& info, int round, Rendezvous& rendezvous)
+      : options_(options), info_(info), round_(round), rendezvous_(rendezvous) {}
+
+  RoundResult run() {
+    const OutputSettings settings{options_.tee, options_.prefix, options_.log_dir};
+    for (int local = 0; local < options_.nproc_per_node; ++local) {
+      Rank rank;
+      rank.global = info_.rank_offset + local;
+      rank.output = std::make_unique<RankOutput>(rank.global, round_, settings);
+      try {
+        rank.child = spawn(options_.program_path, options_.command,
+                           rank_environment(options_, info_, local, round_));
+      } catch (const std::exception& error) {
+        ranks_.push_back(std::move(rank));
+        return fail(RoundResult::kRankFailed, "rank " + std::to_string(info_.rank_offset + local) + ": " + error.what(),
+                    ranks_.size() - 1);
+      }
+      ranks_.push_back(std::move(rank));
+    }
+
+    auto next_peer_check = Clock::now();
+    while (true) {
+      wait_for_activity(std::chrono::milliseconds(static_cast<long long>(options_.monitor_interval_s * 1000)));
+      if (const int signal = stop_signal()) {
+        RoundResult result = fail(RoundResult::kInterrupted, "ddprun received signal " + std::to_string(signal), -1,
+                                  signal);
+        return result;
+      }
+      bool all_done = true;
+      for (size_t i = 0; i < ranks_.size(); ++i) {
+        Rank& rank = ranks_[i];
+        reap_if_exited(rank.child);
+        if (rank.child.running) {
+          all_done = false;
+        } else if (!rank.child.status.ok()) {
+          drain(rank, std::chrono::milliseconds(200));
+          return fail(RoundResult::kRankFailed,
+                      "rank " + std::to_string(rank.global) + " (local rank " + std::to_string(i) + " on node " +
+                          std::to_string(options_.node_rank) + ", pid " + std::to_string(rank.child.pid) + ") " +
+                          rank.child.status.describe(),
+                      i);
+        }
+      }
+      if (all_done) {
+        for (auto& rank : ranks_) drain(rank, std::chrono::milliseconds(200));
+        return {};
+      }
+      if (options_.nnodes > 1 && Clock::now() >= next_peer_check) {
+        next_peer_check = Clock::now() + std::chrono::milliseconds(static_cast<long long>(options_.monitor_interval_s * 1000));
+        if (auto why = rendezvous_.peer_failure(round_)) return fail(RoundResult::kPeerFailed, *why, -1);
+      }
+    }
+  }
+
+ private:
+  // Sleeps until output arrives, a signal (SIGCHLD included) comes, or the timeout passes.
+  void wait_for_activity(std::chrono::milliseconds timeout) {
+    std::vector<pollfd> fds{{wake_fd(), POLLIN, 0}};
+    std::vector<std::pair<int*, std::pair<int, RankOutput*>>> sources;
+    for (auto& rank : ranks_) {
+      for (auto [fd, stream] : {std::pair{&rank.child.stdout_fd, 1}, std::pair{&rank.child.stderr_fd, 2}}) {
+        if (*fd < 0) continue;
+        fds.push_back({*fd, POLLIN, 0});
+        sources.push_back({fd, {stream, rank.output.get()}});
+      }
+    }
+    if (poll(fds.data(), fds.size(), static_cast<int>(timeout.count())) <= 0) return;
+    if (fds[0].revents != 0) drain_wakeups();
+    for (size_t i = 0; i < sources.size(); ++i) {
+      if (fds[i + 1].revents != 0) pump(*sources[i].first, sources[i].second.first, *sources[i].second.second);
+    }
+  }
+
+  // Collects a finished rank's last output. Bounded: a helper process that escaped the rank's
+  // process group may hold the pipe open forever.
+  void drain(Rank& rank, std::chrono::milliseconds limit) {
+    const auto deadline = Clock::now() + limit;
+    while ((rank.child.stdout_fd >= 0 || rank.child.stderr_fd >= 0) && Clock::now() < deadline) {
+      pollfd fds[2] = {{rank.child.stdout_fd, POLLIN, 0}, {rank.child.stderr_fd, POLLIN, 0}};
+      poll(fds, 2, 20);
+      pump(rank.child.stdout_fd, 1, *rank.output);
+      pump(rank.child.stderr_fd, 2, *rank.output);
+    }
+    for (int* fd : {&rank.child.stdout_fd, &rank.child.stderr_fd}) {
+      if (*fd >= 0) close(*fd);
+      *fd = -1;
+    }
+    rank.output->finish();
+  }
+
+  RoundResult fail(RoundResult::Outcome outcome, const std::string& reason, long failed_index, int signal = 0) {
+    RoundResult result;
+    result.outcome = outcome;
+    result.reason = reason;
+    result.signal = signal;
+    if (outcome == RoundResult::kRankFailed) rendezvous_.report_failure(round_, "node " + std::to_string(options_.node_rank) + ": " + reason);
+    stop_all(signal == 0 ? SIGTERM : signal);
+    if (failed_index >= 0) {
+      result.tail = ranks_[failed_index].output->tail();
+      result.log_path = ranks_[failed_index].output->log_path();
+    }
+    return result;
+  }
+
+  // Polite stop, then a forced one; returns once every rank is reaped.
+  void stop_all(int signal) {
+    for (auto& rank : ranks_) signal_group(rank.child, signal);
+    const auto deadline = Clock::now() + std::chrono::milliseconds(static_cast<long long>(options_.grace_period_s * 1000));
+    bool forced = false;
+    while (true) {
+      bool running = false;
+      for (auto& rank : ranks_) running |= !reap_if_exited(rank.child) && rank.child.running;
+      if (!running) break;
+      if (!forced && Clock::now() >= deadline) {
+        for (auto& rank : ranks_) signal_group(rank.child, SIGKILL);
+        forced = true;
+      }
+      wait_for_activity(std::chrono::milliseconds(20));
+    }
+    for (auto& rank : ranks_) drain(rank, std::chrono::milliseconds(100));
+  }
+
+  const Options& options_;
+  const RoundInfo& info_;
+  int round_;
+  Rendezvous& rendezvous_;
+  std::vector<Rank> ranks_;
+};
+
+}  // namespace
+
+std::vector<std::string> rank_environment(const Options& options, const RoundInfo& info, int local_rank, int round) {
+  const std::map<std::string, std::string> ours{
+      {"RANK", std::to_string(info.rank_offset + local_rank)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"WORLD_SIZE", std::to_string(info.world_size)},
+      {"LOCAL_WORLD_SIZE", std::to_string(options.nproc_per_node)},
+      {"GROUP_RANK", std::to_string(options.node_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(options.nnodes)},
+      {"MASTER_ADDR", info.master_addr},
+      {"MASTER_PORT", std::to_string(info.master_port)},
+      {"DDPRUN_RESTART_COUNT", std::to_string(round)},
+      {"DDPRUN_MAX_RESTARTS", std::to_string(options.max_restarts)},
+  };
+  std::vector<std::string> env;
+  for (const auto& entry : current_environment()) {
+    if (ours.count(entry.substr(0, entry.find('='))) == 0) env.push_back(entry);
+  }
+  for (const auto& [name, value] : ours) env.push_back(name + "=" + value);
+  // Several ranks each using every core oversubscribe the machine (torchrun does the same).
+  if (options.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) env.push_back("OMP_NUM_THREADS=1");
+  return env;
+}
+
+RoundResult run_round(const Options& options, const RoundInfo& info, int round, Rendezvous& rendezvous) {
+  return Round(options, info, round, rendezvous).run();
+}
+
+}  // namespace ddprun

@@ -1,0 +1,26 @@
+#pragma once
+// One attempt ("round") of the job on this node: start every local rank, relay their output,
+// and watch them. The first rank that fails (or a failure on another node, or a stop signal)
+// stops all the others: SIGTERM to each rank's process group, SIGKILL after the grace period.
+#include <deque>
+#include <string>
+
+#include "options.h"
+#include "rendezvous.h"
+
+namespace ddprun {
+
+struct RoundResult {
+  enum Outcome { kSucceeded, kRankFailed, kPeerFailed, kInterrupted } outcome = kSucceeded;
+  std::string reason;             // one line: what failed
+  std::deque<std::string> tail;   // last output lines of the failed rank
+  std::string log_path;           // its log file, when --log-dir is set
+  int signal = 0;                 // for kInterrupted
+};
+
+RoundResult run_round(const Options& options, const RoundInfo& info, int round, Rendezvous& rendezvous);
+
+// The environment each rank starts with: ours plus torchrun's variables.
+std::vector<std::string> rank_environment(const Options& options, const RoundInfo& info, int local_rank, int round);
+
+}  // namespace ddprun
