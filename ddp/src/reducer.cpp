@@ -1,0 +1,398 @@
+#include "reducer.h"
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+#include <unordered_set>
+
+#include <c10/core/DeviceGuard.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include "ddp/bucket_assignment.h"
+#include "compat.h"
+
+namespace ddp::detail {
+namespace {
+
+[[noreturn]] void fail(const std::string& message) {
+  throw std::runtime_error("DistributedDataParallel: " + message);
+}
+
+std::string list_names(const std::vector<std::string>& names, const std::vector<size_t>& which) {
+  std::ostringstream out;
+  for (size_t i = 0; i < which.size(); ++i) {
+    if (i == 10) {
+      out << ", ... (" << which.size() << " in all)";
+      break;
+    }
+    out << (i ? ", " : "") << names[which[i]];
+  }
+  return out.str();
+}
+
+}  // namespace
+
+std::shared_ptr<Reducer> Reducer::create(std::vector<at::Tensor> params, std::vector<std::string> names,
+                                         ProcessGroupPtr group, ReducerOptions options) {
+  std::shared_ptr<Reducer> reducer(new Reducer(std::move(params), std::move(names), std::move(group), options));
+  reducer->register_hooks();
+  return reducer;
+}
+
+Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, ProcessGroupPtr group,
+                 ReducerOptions options)
+    : params_(std::move(params)), names_(std::move(names)), group_(std::move(group)), options_(options) {
+  ready_.assign(params_.size(), 0);
+  globally_unused_.assign(params_.size(), 0);
+  ready_order_.reserve(params_.size());
+  // Gradients become ready roughly in reverse registration order: the last layer first.
+  std::vector<size_t> order(params_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = order.size() - 1 - i;
+  build_buckets(order);
+}
+
+void Reducer::register_hooks() {
+  std::weak_ptr<Reducer> weak = weak_from_this();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
+    param_of_accumulator_[accumulator.get()] = i;
+    compat::add_post_hook(*accumulator, [weak, i] {
+      if (auto reducer = weak.lock()) reducer->on_gradient_ready(i);
+    });
+    grad_accumulators_.push_back(std::move(accumulator));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Set-up: bucket storage
+// ---------------------------------------------------------------------------------------------
+
+void Reducer::build_buckets(const std::vector<size_t>& order) {
+  std::vector<BucketParam> sizes;
+  for (const auto& param : params_) {
+    sizes.push_back({param.device(), param.scalar_type(), static_cast<int64_t>(param.numel() * param.element_size())});
+  }
+  const auto layout = assign_buckets(sizes, order, options_.first_bucket_bytes, options_.bucket_bytes);
+  const double inverse_world = 1.0 / group_->getSize();
+
+  at::NoGradGuard no_grad;
+  std::vector<Bucket> buckets(layout.size());
+  slots_.assign(params_.size(), Slot{});
+  for (size_t b = 0; b < layout.size(); ++b) {
+    Bucket& bucket = buckets[b];
+    bucket.params = layout[b];
+    const at::Tensor& first = params_[bucket.params.front()];
+    int64_t total = 0;
+    for (size_t p : bucket.params) total += params_[p].numel();
+    bucket.flat = at::zeros({total}, first.options().requires_grad(false));
+    bucket.scale = at::full({}, inverse_world, bucket.flat.options());
+    bucket.collective = {bucket.flat};
+    int64_t offset = 0;
+    for (size_t k = 0; k < bucket.params.size(); ++k) {
+      at::Tensor& param = params_[bucket.params[k]];
+      // Shares the bucket's storage without being an autograd view, so that optimizers may
+      // detach_() and zero_() a gradient that lives in the bucket (gradient_as_bucket_view).
+      const at::Tensor view = bucket.flat.narrow(0, offset, param.numel()).view(param.sizes());
+      bucket.views.push_back(at::empty({0}, bucket.flat.options())
+                                 .set_(view.storage(), view.storage_offset(), view.sizes(), view.strides()));
+      offset += param.numel();
+      slots_[bucket.params[k]] = Slot{b, k};
+      // A gradient the user already holds moves into the bucket, so nothing is lost.
+      at::Tensor& grad = param.mutable_grad();
+      if (options_.gradient_as_bucket_view && grad.defined()) {
+        bucket.views[k].copy_(grad);
+        grad = bucket.views[k];
+      }
+    }
+  }
+  buckets_ = std::move(buckets);
+  bucket_order_ = order;
+  if (!params_.empty()) {
+    used_host_ = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
+    const auto device = params_.front().device();
+    used_device_ = device.is_cpu() ? used_host_ : used_host_.to(device);
+  }
+}
+
+void Reducer::reallocate_buckets() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  build_buckets(bucket_order_);
+}
+
+// Buckets are rebuilt once, in the order gradients really arrived in the first iteration, so each
+// bucket fills up as early as possible. Rank 0's order is used everywhere: buckets must match.
+void Reducer::rebuild_buckets_in_observed_order() {
+  std::vector<int64_t> local(ready_order_.begin(), ready_order_.end());
+  at::Tensor order = at::tensor(local, at::kLong).to(params_.front().device());
+  std::vector<at::Tensor> tensors{order};
+  group_->broadcast(tensors)->wait();
+  order = order.cpu();
+  std::vector<size_t> agreed(params_.size());
+  for (size_t i = 0; i < agreed.size(); ++i) agreed[i] = static_cast<size_t>(order[i].item<int64_t>());
+  build_buckets(agreed);
+  rebuilt_ = true;
+  ready_order_ = {};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Around forward
+// ---------------------------------------------------------------------------------------------
+
+void Reducer::prepare_for_forward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (state_ == State::kReducing) {
+    discard_iteration();
+    fail("the previous backward pass did not finish (it raised an error, or the loss did not reach "
+         "every bucket); gradients of that iteration were not synchronized.");
+  }
+  if (!error_.empty()) {
+    std::string error = std::move(error_);
+    error_.clear();
+    throw std::runtime_error(error);
+  }
+  if (!rebuilt_ && iterations_reduced_ > 0 && ready_order_.size() == params_.size()) {
+    rebuild_buckets_in_observed_order();
+  }
+}
+
+bool Reducer::wants_outputs() const {
+  return options_.find_unused_parameters || (options_.static_graph && !graph_learnt_);
+}
+
+void Reducer::prepare_for_backward(bool sync, const std::vector<at::Tensor>& outputs) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!sync) {
+    state_ = State::kAccumulating;
+    return;
+  }
+  state_ = State::kExpecting;
+  std::fill(ready_.begin(), ready_.end(), 0);
+  for (auto& bucket : buckets_) bucket.pending = bucket.params.size();
+  next_bucket_ = 0;
+  if (iterations_reduced_ == 0) ready_order_.clear();
+  track_usage_ = wants_outputs();
+  if (track_usage_) {
+    used_host_.zero_();
+    unused_ = find_unused(outputs);
+  } else if (options_.static_graph) {
+    unused_ = static_unused_;
+  } else {
+    unused_.clear();
+  }
+}
+
+// Parameters whose gradient accumulator cannot be reached from the outputs get no gradient in
+// this backward: they count as ready at once, so their buckets do not wait forever.
+std::vector<size_t> Reducer::find_unused(const std::vector<at::Tensor>& outputs) const {
+  std::vector<char> reached(params_.size(), 0);
+  std::unordered_set<const torch::autograd::Node*> seen;
+  std::vector<const torch::autograd::Node*> stack;
+  auto visit = [&](const torch::autograd::Node* node) {
+    if (node != nullptr && seen.insert(node).second) stack.push_back(node);
+  };
+  for (const auto& output : outputs) {
+    if (!output.defined() || !output.requires_grad()) continue;
+    visit(output.grad_fn() ? output.grad_fn().get() : torch::autograd::impl::try_get_grad_accumulator(output).get());
+  }
+  while (!stack.empty()) {
+    const torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (auto it = param_of_accumulator_.find(node); it != param_of_accumulator_.end()) reached[it->second] = 1;
+    for (const auto& edge : node->next_edges()) visit(edge.function.get());
+  }
+  std::vector<size_t> unused;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!reached[i]) unused.push_back(i);
+  }
+  return unused;
+}
+
+// ---------------------------------------------------------------------------------------------
+// During backward: the hot path
+// ---------------------------------------------------------------------------------------------
+
+void Reducer::on_gradient_ready(size_t param) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  switch (state_) {
+    case State::kAccumulating:
+      return;  // no_sync(): AccumulateGrad already summed into param.grad()
+    case State::kIdle:
+      fail("a gradient arrived for parameter '" + names_[param] +
+           "' but no forward() ran since the last reduction: backward() was called twice after one "
+           "forward(), or the module was run directly instead of through the wrapper. Call forward() "
+           "through DistributedDataParallel before each backward(); to accumulate gradients over "
+           "several backward passes, use no_sync().");
+    case State::kExpecting: {
+      // First gradient of this backward: finalize() runs when the engine has finished.
+      state_ = State::kReducing;
+      std::weak_ptr<Reducer> weak = weak_from_this();
+      torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+        if (auto reducer = weak.lock()) reducer->finalize();
+      });
+      for (size_t unused : unused_) mark_ready(unused, /*used=*/false);
+      break;
+    }
+    case State::kReducing:
+      break;
+  }
+  mark_ready(param, /*used=*/true);
+}
+
+// Copies (and pre-divides by world size) one gradient into its bucket slot; launches every
+// bucket that became complete.
+void Reducer::mark_ready(size_t param, bool used) {
+  if (ready_[param]) {
+    fail("parameter '" + names_[param] + "' received a second gradient in one backward pass "
+         "(a reentrant backward or activation checkpointing re-ran it); this is not supported.");
+  }
+  ready_[param] = 1;
+  if (!rebuilt_ && iterations_reduced_ == 0) ready_order_.push_back(param);  // for the rebuild
+
+  Bucket& bucket = buckets_[slots_[param].bucket];
+  at::Tensor& slot = bucket.views[slots_[param].index];
+  at::NoGradGuard no_grad;
+  if (!used) {
+    slot.zero_();
+  } else {
+    at::Tensor& grad = params_[param].mutable_grad();
+    if (grad.is_sparse()) {
+      fail("parameter '" + names_[param] + "' produced a sparse gradient; DistributedDataParallel "
+           "reduces dense gradients only (e.g. construct torch::nn::Embedding with sparse(false)).");
+    }
+    if (options_.gradient_as_bucket_view) {
+      if (!grad.is_same(slot)) {  // first iteration, or the optimizer reset grads to undefined
+        slot.copy_(grad);
+        grad = slot;
+      }
+      slot.mul_(bucket.scale);
+    } else {
+      at::mul_out(slot, grad, bucket.scale);
+    }
+    if (track_usage_) used_host_.data_ptr<int32_t>()[param] = 1;
+  }
+  if (--bucket.pending == 0) launch_ready_buckets();
+}
+
+// Buckets go out strictly in order, so every rank issues the same collectives in the same order.
+void Reducer::launch_ready_buckets() {
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    Bucket& bucket = buckets_[next_bucket_];
+    c10::OptionalDeviceGuard guard(bucket.flat.device());
+    bucket.work = group_->allreduce(bucket.collective);
+    ++collectives_launched_;
+    ++next_bucket_;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// End of backward
+// ---------------------------------------------------------------------------------------------
+
+void Reducer::finalize() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (state_ != State::kReducing) return;
+  if (track_usage_) {
+    // Reachable parameters can still get no gradient (an output the loss ignores).
+    for (size_t p = 0; p < params_.size(); ++p) {
+      if (!ready_[p]) mark_ready(p, /*used=*/false);
+    }
+  }
+  if (next_bucket_ < buckets_.size()) {
+    std::vector<size_t> missing;
+    for (size_t p = 0; p < params_.size(); ++p) {
+      if (!ready_[p]) missing.push_back(p);
+    }
+    error_ = "DistributedDataParallel: the previous backward finished without gradients for " +
+             std::to_string(missing.size()) + " parameter(s): " + list_names(names_, missing) +
+             ". Their buckets were never reduced, so gradients are not synchronized across ranks. "
+             "If forward() does not use every parameter, construct with "
+             "DDPOptions().find_unused_parameters(true); if it does, make sure the loss depends on "
+             "every output of forward().";
+    discard_iteration();
+    return;
+  }
+
+  c10::intrusive_ptr<c10d::Work> usage_work;
+  if (track_usage_) {
+    if (!used_device_.is_same(used_host_)) used_device_.copy_(used_host_);
+    std::vector<at::Tensor> usage{used_device_};
+    c10d::AllreduceOptions max;
+    max.reduceOp = c10d::ReduceOp::MAX;
+    usage_work = group_->allreduce(usage, max);
+  }
+  struct DiscardOnError {
+    Reducer* reducer;
+    bool armed = true;
+    ~DiscardOnError() { if (armed) reducer->discard_iteration(); }
+  } guard{this};
+  for (size_t b = 0; b < buckets_.size(); ++b) wait_for_bucket(b);
+  if (usage_work) {
+    usage_work->wait();
+    if (!used_device_.is_same(used_host_)) used_host_.copy_(used_device_);
+    const int32_t* used = used_host_.data_ptr<int32_t>();
+    for (size_t p = 0; p < params_.size(); ++p) globally_unused_[p] = used[p] == 0;
+    if (options_.static_graph && !graph_learnt_) {
+      static_unused_ = unused_;
+      graph_learnt_ = true;
+    }
+  }
+  write_back_gradients();
+  guard.armed = false;
+  ++iterations_reduced_;
+  state_ = State::kIdle;
+}
+
+void Reducer::wait_for_bucket(size_t b) {
+  Bucket& bucket = buckets_[b];
+  try {
+    bucket.work->wait();
+  } catch (const std::exception& error) {
+    fail("allreduce of gradient bucket " + std::to_string(b) + " of " + std::to_string(buckets_.size()) +
+         " failed; a peer rank may have died or timed out, or the ranks ran different numbers of "
+         "backward passes. Cause: " + error.what());
+  }
+  bucket.work.reset();
+}
+
+void Reducer::write_back_gradients() {
+  at::NoGradGuard no_grad;
+  for (size_t p = 0; p < params_.size(); ++p) {
+    if (globally_unused_[p]) continue;  // like a single process: no gradient, no update
+    const at::Tensor& slot = buckets_[slots_[p].bucket].views[slots_[p].index];
+    at::Tensor& grad = params_[p].mutable_grad();
+    if (options_.gradient_as_bucket_view) {
+      if (!grad.is_same(slot)) grad = slot;
+    } else if (grad.defined()) {
+      grad.copy_(slot);
+    } else {
+      grad = slot.clone();  // unused here, used on another rank
+    }
+  }
+}
+
+// Leaves no collective of this rank half-done and returns to idle.
+void Reducer::discard_iteration() {
+  for (size_t b = 0; b < next_bucket_ && b < buckets_.size(); ++b) {
+    if (!buckets_[b].work) continue;
+    try {
+      buckets_[b].work->wait();
+    } catch (const std::exception&) {
+      // The iteration is being abandoned; its error is reported by the caller.
+    }
+    buckets_[b].work.reset();
+  }
+  state_ = State::kIdle;
+}
+
+ReducerStats Reducer::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ReducerStats stats;
+  stats.collectives_launched = collectives_launched_;
+  stats.iterations_reduced = iterations_reduced_;
+  stats.buckets_rebuilt = rebuilt_;
+  for (const auto& bucket : buckets_) stats.buckets.push_back(bucket.params);
+  return stats;
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,114 @@
+#pragma once
+// The reducer: averages gradients across ranks while backward is still running.
+//
+//   prepare_for_backward()   forward ran; expect one gradient per parameter
+//   on_gradient_ready(i)     autograd hook: copy grad i into its bucket slot
+//     -> launch_ready_buckets()  every bucket whose members are all ready, in bucket order
+//   finalize()               end of backward: wait for the allreduces, write averages back
+//
+// Bucket assignment (which parameters share a bucket) is a separate pure function
+// (bucket_assignment.h); this class owns the per-iteration state machine and the buckets.
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+
+#include "bucket.h"
+#include "ddp/process_group.h"
+
+namespace ddp::detail {
+
+struct ReducerOptions {
+  int64_t first_bucket_bytes = 1 << 20;
+  int64_t bucket_bytes = 25 << 20;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+  bool static_graph = false;
+};
+
+struct ReducerStats {
+  int64_t collectives_launched = 0;          // gradient allreduces, all iterations
+  int64_t iterations_reduced = 0;            // synced backward passes that completed
+  bool buckets_rebuilt = false;
+  std::vector<std::vector<size_t>> buckets;  // parameter indices of each bucket, launch order
+};
+
+class Reducer : public std::enable_shared_from_this<Reducer> {
+ public:
+  static std::shared_ptr<Reducer> create(std::vector<at::Tensor> params, std::vector<std::string> names,
+                                         ProcessGroupPtr group, ReducerOptions options);
+
+  // Before each forward: reports what went wrong in the previous iteration, rebuilds buckets once.
+  void prepare_for_forward();
+  // After a forward with grad mode on. `sync` false (no_sync): gradients accumulate locally.
+  // `outputs` are searched for unused parameters when find_unused_parameters is on.
+  void prepare_for_backward(bool sync, const std::vector<at::Tensor>& outputs);
+  // Whether prepare_for_backward needs the forward's outputs.
+  bool wants_outputs() const;
+  // Re-allocates bucket storage after the parameters moved (module.to(device/dtype)).
+  void reallocate_buckets();
+
+  ReducerStats stats() const;
+
+ private:
+  Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, ProcessGroupPtr group,
+          ReducerOptions options);
+  void register_hooks();
+
+  // --- the per-iteration path -------------------------------------------------------------------
+  void on_gradient_ready(size_t param);
+  void mark_ready(size_t param, bool used);
+  void launch_ready_buckets();
+  void finalize();
+  void wait_for_bucket(size_t bucket);
+  void write_back_gradients();
+
+  // --- set-up -----------------------------------------------------------------------------------
+  void build_buckets(const std::vector<size_t>& order);
+  void rebuild_buckets_in_observed_order();
+  std::vector<size_t> find_unused(const std::vector<at::Tensor>& outputs) const;
+  void discard_iteration();
+
+  enum class State {
+    kIdle,          // no forward since the last reduction: a gradient now is an error
+    kAccumulating,  // forward ran under no_sync(): gradients stay local
+    kExpecting,     // forward ran: waiting for the first gradient
+    kReducing,      // backward is running and buckets are being launched
+  };
+
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  ProcessGroupPtr group_;
+  ReducerOptions options_;
+  // Strong references: autograd only holds gradient accumulators weakly, and a new accumulator
+  // would not carry our hook.
+  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
+  std::unordered_map<const torch::autograd::Node*, size_t> param_of_accumulator_;
+
+  std::vector<Bucket> buckets_;
+  std::vector<Slot> slots_;           // slots_[param]
+  std::vector<size_t> bucket_order_;  // the parameter order buckets were last built from
+
+  mutable std::mutex mutex_;
+  State state_ = State::kIdle;
+  std::vector<char> ready_;           // ready_[param] in this iteration
+  size_t next_bucket_ = 0;            // first bucket not launched yet
+  std::vector<size_t> unused_;        // found unused at forward, marked when backward starts
+  bool track_usage_ = false;          // this iteration learns which parameters any rank used
+  at::Tensor used_host_;              // int32 per parameter: 1 where this rank produced a gradient
+  at::Tensor used_device_;            // the same on the parameters' device, for the collective
+  std::vector<char> globally_unused_; // no rank produced a gradient: leave param.grad() alone
+  std::vector<size_t> static_unused_; // static_graph: locally unused, learnt in iteration one
+  bool graph_learnt_ = false;
+  std::vector<size_t> ready_order_;   // first iteration's gradient order, for the one rebuild
+  bool rebuilt_ = false;
+  std::string error_;                 // raised at the next forward
+  int64_t collectives_launched_ = 0;
+  int64_t iterations_reduced_ = 0;
+};
+
+}  // namespace ddp::detail

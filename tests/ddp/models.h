@@ -1,0 +1,63 @@
+#pragma once
+// Small models shared by the DDP tests.
+#include <torch/torch.h>
+
+namespace ddp::test {
+
+struct MLPImpl : torch::nn::Module {
+  MLPImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(10, 32));
+    fc2 = register_module("fc2", torch::nn::Linear(32, 16));
+    fc3 = register_module("fc3", torch::nn::Linear(16, 5));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc3(torch::relu(fc2(torch::relu(fc1(x))))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr}, fc3{nullptr};
+};
+TORCH_MODULE(MLP);
+
+// Input [N, 1, 8, 8] flattened from 64 features so both models share the data.
+struct ConvNetImpl : torch::nn::Module {
+  ConvNetImpl() {
+    conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 4, 3).padding(1)));
+    conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 8, 3).padding(1)));
+    head = register_module("head", torch::nn::Linear(8 * 4 * 4, 5));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::relu(conv1(x.view({-1, 1, 8, 8})));
+    x = torch::max_pool2d(torch::relu(conv2(x)), 2);
+    return head(x.flatten(1));
+  }
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(ConvNet);
+
+// Registered in the opposite order to their use: the observed gradient order differs from the
+// reverse registration order, so the bucket rebuild has something to change.
+struct ReorderedImpl : torch::nn::Module {
+  ReorderedImpl() {
+    last = register_module("last", torch::nn::Linear(16, 5));
+    first = register_module("first", torch::nn::Linear(10, 16));
+  }
+  torch::Tensor forward(torch::Tensor x) { return last(torch::relu(first(x))); }
+  torch::nn::Linear last{nullptr}, first{nullptr};
+};
+TORCH_MODULE(Reordered);
+
+// A branch that forward may skip.
+struct BranchyImpl : torch::nn::Module {
+  BranchyImpl() {
+    trunk = register_module("trunk", torch::nn::Linear(10, 8));
+    branch = register_module("branch", torch::nn::Linear(8, 8));
+    head = register_module("head", torch::nn::Linear(8, 5));
+  }
+  torch::Tensor forward(torch::Tensor x, bool use_branch) {
+    auto h = torch::relu(trunk(x));
+    if (use_branch) h = h + branch(h);
+    return head(h);
+  }
+  torch::nn::Linear trunk{nullptr}, branch{nullptr}, head{nullptr};
+};
+TORCH_MODULE(Branchy);
+
+}  // namespace ddp::test
