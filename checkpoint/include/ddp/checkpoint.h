@@ -1,0 +1,108 @@
+#pragma once
+// Checkpoints of a whole training run, for DDP: rank 0 writes, everyone reads.
+//
+//   ddp::TrainingState state{epoch, step, sampler_state, {{"note", "lr warmup done"}}};
+//   ddp::save_checkpoint(ddp::checkpoint_path(dir, step), model, &optimizer, state,
+//                        ddp::CheckpointOptions().keep_last(3));
+//   if (auto latest = ddp::latest_checkpoint(dir)) {
+//     state = ddp::load_checkpoint(*latest, model, &optimizer,
+//                                  ddp::LoadOptions().map_location(
+//                                      ddp::MapLocation::cuda_for_local_rank(ddp::local_rank())));
+//   }
+//
+// One file: a PyTorch zip archive whose root object is the model's plain state_dict (Python:
+// torch.load(path) returns it, tensors on CPU) plus a record "ddp_training_state" holding the
+// rest, sealed with a checksum over everything (checkpoint_file.h).
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <ddp/checkpoint_file.h>
+#include <ddp/map_location.h>
+#include <ddp/process_group.h>
+#include <ddp/sampler_state.h>
+
+namespace ddp {
+
+struct TrainingState {
+  int64_t epoch = 0;
+  int64_t global_step = 0;
+  SamplerState sampler;
+  std::map<std::string, std::string> metadata;  // small user key/value pairs
+  // Set by save_checkpoint (the group's size) and returned by load_checkpoint; ignored on input.
+  int64_t world_size = 1;
+};
+
+struct CheckpointOptions {
+  // The group whose rank 0 writes; null: the default group if initialized, else this process alone.
+  CheckpointOptions& group(ProcessGroupPtr g) { group_ = std::move(g); return *this; }
+  // After saving, delete all but the newest `n` checkpoints named like checkpoint_path() in the
+  // same directory with the same prefix (0: keep all).
+  CheckpointOptions& keep_last(int n) { keep_last_ = n; return *this; }
+  CheckpointOptions& prefix(std::string p) { prefix_ = std::move(p); return *this; }
+  // Save every rank's RNG states (CPU generator, and the current CUDA device's when available).
+  CheckpointOptions& save_rng(bool on) { save_rng_ = on; return *this; }
+
+  ProcessGroupPtr group_;
+  int keep_last_ = 0;
+  std::string prefix_ = "checkpoint";
+  bool save_rng_ = true;
+};
+
+struct LoadOptions {
+  LoadOptions& map_location(MapLocation m) { map_location_ = std::move(m); return *this; }
+  // Missing or unexpected parameter names are errors (shape mismatches always are).
+  LoadOptions& strict(bool on) { strict_ = on; return *this; }
+  // Restore this rank's RNG states (saved per rank; a rank the checkpoint has no entry for keeps its own).
+  LoadOptions& restore_rng(bool on) { restore_rng_ = on; return *this; }
+  // Which rank this process is for RNG restore; null: the default group if initialized, else rank 0.
+  LoadOptions& group(ProcessGroupPtr g) { group_ = std::move(g); return *this; }
+
+  MapLocation map_location_;
+  bool strict_ = true;
+  bool restore_rng_ = true;
+  ProcessGroupPtr group_;
+};
+
+// Collective: every rank of the group calls it. Rank 0 writes `path` crash-safely; every rank
+// returns only once the file is complete and visible, and throws CheckpointError on every rank if
+// rank 0 failed. `optimizer` may be null.
+void save_checkpoint(const std::string& path, const torch::nn::Module& module,
+                     const torch::optim::Optimizer* optimizer, const TrainingState& state,
+                     const CheckpointOptions& options = {});
+
+// Not collective: every rank reads the file. Verifies the checksum, copies the model state into
+// `module` (error listing every mismatched name/shape), loads the optimizer state (placed by
+// map_location), restores this rank's RNG states, and returns the training state.
+TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module,
+                              torch::optim::Optimizer* optimizer, const LoadOptions& options = {});
+
+// <dir>/<prefix>-<step, 8+ digits>.pt
+std::string checkpoint_path(const std::string& dir, int64_t global_step,
+                            const std::string& prefix = "checkpoint");
+// The newest checkpoint in `dir` (by step in its name) that passes verification; others skipped.
+std::optional<std::string> latest_checkpoint(const std::string& dir,
+                                             const std::string& prefix = "checkpoint");
+
+// Wrappers such as ddp::DistributedDataParallel (anything with .module() returning a pointer to
+// the wrapped module) save and load the bare module, so one checkpoint fits both.
+template <typename Wrapper, typename = decltype(*std::declval<const Wrapper&>().module())>
+void save_checkpoint(const std::string& path, const Wrapper& wrapper,
+                     const torch::optim::Optimizer* optimizer, const TrainingState& state,
+                     const CheckpointOptions& options = {}) {
+  save_checkpoint(path, static_cast<const torch::nn::Module&>(*wrapper.module()), optimizer, state,
+                  options);
+}
+template <typename Wrapper, typename = decltype(*std::declval<Wrapper&>().module())>
+TrainingState load_checkpoint(const std::string& path, Wrapper& wrapper,
+                              torch::optim::Optimizer* optimizer, const LoadOptions& options = {}) {
+  return load_checkpoint(path, static_cast<torch::nn::Module&>(*wrapper.module()), optimizer, options);
+}
+
+}  // namespace ddp

@@ -1,0 +1,130 @@
+// Crash-safe replace of a file: temp file in the same directory, flush to disk, atomic rename,
+// flush the directory. The only OS-specific code of checkpoint/.
+#include <ddp/atomic_file.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+#include <string>
+
+#ifdef _WIN32
+#include <fcntl.h>
+#include <io.h>
+#include <process.h>
+#include <sys/stat.h>
+#include <windows.h>
+#else
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#endif
+
+namespace ddp {
+namespace {
+
+[[noreturn]] void fail(const std::string& step, const std::string& path, int error) {
+  throw std::runtime_error("cannot write " + path + ": " + step + " failed: " + std::strerror(error));
+}
+
+int process_id() {
+#ifdef _WIN32
+  return _getpid();
+#else
+  return static_cast<int>(getpid());
+#endif
+}
+
+}  // namespace
+
+std::string temporary_path_for(const std::string& path) {
+  // Same directory, so the rename never crosses file systems; pid keeps writers apart.
+  return path + ".tmp." + std::to_string(process_id());
+}
+
+#ifdef _WIN32
+
+void write_file_atomically(const std::string& path, const char* data, std::size_t size) {
+  const std::string temporary = temporary_path_for(path);
+  int fd = _open(temporary.c_str(), _O_WRONLY | _O_CREAT | _O_TRUNC | _O_BINARY, _S_IREAD | _S_IWRITE);
+  if (fd < 0) fail("open of " + temporary, path, errno);
+  std::size_t done = 0;
+  while (done < size) {
+    const unsigned chunk = static_cast<unsigned>(std::min<std::size_t>(size - done, 1u << 30));
+    const int written = _write(fd, data + done, chunk);
+    if (written < 0) {
+      const int error = errno;
+      _close(fd);
+      _unlink(temporary.c_str());
+      fail("write", path, error);
+    }
+    done += static_cast<std::size_t>(written);
+  }
+  // _commit is Windows' fsync.
+  if (_commit(fd) != 0) {
+    const int error = errno;
+    _close(fd);
+    _unlink(temporary.c_str());
+    fail("flush (_commit)", path, error);
+  }
+  _close(fd);
+  // Atomic replace on NTFS; WRITE_THROUGH returns only once the rename is on disk (no directory
+  // handle to flush on Windows).
+  if (!MoveFileExA(temporary.c_str(), path.c_str(), MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) {
+    _unlink(temporary.c_str());
+    throw std::runtime_error("cannot write " + path + ": MoveFileEx failed with error " +
+                             std::to_string(GetLastError()));
+  }
+}
+
+#else
+
+void write_file_atomically(const std::string& path, const char* data, std::size_t size) {
+  const std::string temporary = temporary_path_for(path);
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail("open of " + temporary, path, errno);
+  auto abandon = [&](const std::string& step) {
+    const int error = errno;
+    ::close(fd);
+    ::unlink(temporary.c_str());
+    fail(step, path, error);
+  };
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t written = ::write(fd, data + done, size - done);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      abandon("write");
+    }
+    done += static_cast<std::size_t>(written);
+  }
+  // The data must be on disk before the rename makes it visible, or a power loss could expose
+  // a renamed but empty file.
+  if (::fsync(fd) != 0) abandon("fsync");
+  if (::close(fd) != 0) {
+    const int error = errno;
+    ::unlink(temporary.c_str());
+    fail("close", path, error);
+  }
+  if (::rename(temporary.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(temporary.c_str());
+    fail("rename", path, error);
+  }
+  // The rename lives in the directory: flush it so the new name survives a power loss.
+  std::string directory = std::filesystem::path(path).parent_path().string();
+  if (directory.empty()) directory = ".";
+  const int dir_fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) fail("open of directory " + directory, path, errno);
+  if (::fsync(dir_fd) != 0 && errno != EINVAL) {  // EINVAL: file system without directory fsync
+    const int error = errno;
+    ::close(dir_fd);
+    fail("fsync of directory " + directory, path, error);
+  }
+  ::close(dir_fd);
+}
+
+#endif
+
+}  // namespace ddp

@@ -1,0 +1,182 @@
+// The sealed checkpoint file. A zip archive ends with its end-of-central-directory record (EOCD,
+// 22 bytes + comment); we put the trailer in that comment, so zip readers (LibTorch, Python's
+// torch.load) still accept the file while we can check its size and CRC-32.
+#include <ddp/checkpoint_file.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include <caffe2/serialize/in_memory_adapter.h>
+#include <caffe2/serialize/inline_container.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+#include <zlib.h>
+
+namespace ddp {
+namespace {
+
+constexpr char kDevicesRecord[] = "ddp_devices";
+constexpr std::size_t kEocdSize = 22;
+constexpr char kEocdSignature[] = {'P', 'K', 5, 6};
+// ASCII on purpose: hex digits can never form the binary EOCD signature a reader searches for.
+constexpr char kTrailerPrefix[] = "torchddp-checkpoint v1 bytes=";
+constexpr char kTrailerFormat[] = "torchddp-checkpoint v1 bytes=%016" PRIx64 " crc32=%08" PRIx32 "\n";
+constexpr std::size_t kTrailerSize = sizeof(kTrailerPrefix) - 1 + 16 + 7 + 8 + 1;
+
+uint32_t crc32_of(const char* data, std::size_t size) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  while (size > 0) {  // zlib takes uInt lengths
+    const uInt chunk = static_cast<uInt>(std::min<std::size_t>(size, 1u << 30));
+    crc = crc32(crc, reinterpret_cast<const Bytef*>(data), chunk);
+    data += chunk;
+    size -= chunk;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+bool ends_with_plain_eocd(const std::vector<char>& bytes) {
+  if (bytes.size() < kEocdSize) return false;
+  const char* eocd = bytes.data() + bytes.size() - kEocdSize;
+  return std::memcmp(eocd, kEocdSignature, 4) == 0 && eocd[20] == 0 && eocd[21] == 0;
+}
+
+std::string hex32(uint32_t value) {
+  char text[9];
+  std::snprintf(text, sizeof(text), "%08" PRIx32, value);
+  return text;
+}
+
+}  // namespace
+
+void seal_archive(std::vector<char>& zip) {
+  if (!ends_with_plain_eocd(zip)) {
+    throw CheckpointError("internal error: archive to seal does not end with a plain zip directory record");
+  }
+  // EOCD comment length (little endian, last two bytes of the record) = trailer size.
+  zip[zip.size() - 2] = static_cast<char>(kTrailerSize & 0xff);
+  zip[zip.size() - 1] = static_cast<char>(kTrailerSize >> 8);
+  char trailer[kTrailerSize + 1];
+  std::snprintf(trailer, sizeof(trailer), kTrailerFormat, static_cast<uint64_t>(zip.size()),
+                crc32_of(zip.data(), zip.size()));
+  zip.insert(zip.end(), trailer, trailer + kTrailerSize);
+}
+
+std::vector<char> read_checkpoint_file(const std::string& path, bool allow_plain) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw CheckpointError("cannot open checkpoint " + path + ": " + std::strerror(errno));
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw CheckpointError("cannot read checkpoint " + path);
+  const std::size_t size = bytes.size();
+
+  const bool has_trailer =
+      size >= kTrailerSize + kEocdSize &&
+      std::memcmp(bytes.data() + size - kTrailerSize, kTrailerPrefix, sizeof(kTrailerPrefix) - 1) == 0;
+  if (!has_trailer) {
+    if (ends_with_plain_eocd(bytes)) {
+      if (allow_plain) return bytes;
+      throw CheckpointError(path + " is a plain PyTorch file without a torchddp checkpoint trailer "
+                            "(written by torch.save?); read it with ddp::load_state_dict(path)");
+    }
+    // The trailer is the last thing written; without it the write never finished.
+    throw CheckpointError("checkpoint " + path + " is truncated at byte " + std::to_string(size) +
+                          ": its end-of-checkpoint trailer is missing (an interrupted write or a cut copy)");
+  }
+  uint64_t stored_size = 0;
+  uint32_t stored_crc = 0;
+  const std::string trailer(bytes.data() + size - kTrailerSize, kTrailerSize);
+  if (std::sscanf(trailer.c_str(), "torchddp-checkpoint v1 bytes=%16" SCNx64 " crc32=%8" SCNx32, &stored_size,
+                  &stored_crc) != 2 ||
+      trailer.back() != '\n') {
+    throw CheckpointError("checksum mismatch in " + path + ": its trailer is damaged");
+  }
+  const std::size_t payload = size - kTrailerSize;
+  if (stored_size != payload) {
+    throw CheckpointError("checksum mismatch in " + path + ": trailer records " + std::to_string(stored_size) +
+                          " bytes before it, the file has " + std::to_string(payload));
+  }
+  const uint32_t actual_crc = crc32_of(bytes.data(), payload);
+  if (actual_crc != stored_crc) {
+    throw CheckpointError("checksum mismatch in " + path + ": stored crc32 " + hex32(stored_crc) +
+                          ", computed " + hex32(actual_crc) + " (the file is corrupted)");
+  }
+  bytes.resize(payload);  // what zip readers see is unchanged: the comment is simply shorter
+  bytes[payload - 2] = 0;
+  bytes[payload - 1] = 0;
+  return bytes;
+}
+
+std::vector<char> make_state_dict_archive(
+    const StateDict& state, const std::vector<std::pair<std::string, std::string>>& extra_records) {
+  c10::Dict<std::string, at::Tensor> dict;
+  std::string devices;  // "<device> <name>\n" per tensor; names may hold spaces, devices never do
+  for (const auto& item : state) {
+    dict.insert(item.key(), item.value().detach().to(at::kCPU));
+    devices += item.value().device().str() + " " + item.key() + "\n";
+  }
+  // What torch::pickle_save does, with room for our records in the same archive.
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); });
+  pickler.protocol();
+  pickler.pushIValue(c10::IValue(dict));
+  pickler.stop();
+  std::vector<char> zip;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+    const char* bytes = static_cast<const char*>(data);
+    zip.insert(zip.end(), bytes, bytes + size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  writer.writeRecord(kDevicesRecord, devices.data(), devices.size());
+  for (const auto& [name, bytes] : extra_records) writer.writeRecord(name, bytes.data(), bytes.size());
+  writer.writeEndOfFile();
+  return zip;
+}
+
+StateDict parse_state_dict_archive(const std::vector<char>& zip, const std::string& path,
+                                   const MapLocation& map_location) {
+  std::map<std::string, std::string> saved_devices;
+  if (auto devices = read_archive_record(zip, kDevicesRecord)) {
+    std::istringstream lines(*devices);
+    std::string device, name;
+    while (lines >> device && std::getline(lines, name)) saved_devices[name.substr(1)] = device;
+  }
+  c10::IValue root;
+  try {
+    root = torch::jit::pickle_load(zip);
+  } catch (const std::exception& error) {
+    throw CheckpointError("cannot read the model state in " + path + ": " + error.what());
+  }
+  if (!root.isGenericDict()) {
+    throw CheckpointError(path + " does not hold a state_dict: its root object is a " + root.tagKind() +
+                          ", not a dict of tensors");
+  }
+  StateDict state;
+  for (const auto& item : root.toGenericDict()) {
+    if (!item.key().isString() || !item.value().isTensor()) {
+      throw CheckpointError(path + " does not hold a state_dict: entry " + c10::str(item.key()) + " is a " +
+                            item.value().tagKind() + ", not a tensor under a name");
+    }
+    const std::string& name = item.key().toStringRef();
+    const at::Tensor& tensor = item.value().toTensor();
+    auto saved = saved_devices.find(name);
+    const std::string from = saved == saved_devices.end() ? tensor.device().str() : saved->second;
+    state.insert(name, tensor.to(map_location.device_for(from)));
+  }
+  return state;
+}
+
+std::optional<std::string> read_archive_record(const std::vector<char>& zip, const std::string& name) {
+  caffe2::serialize::PyTorchStreamReader reader(
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(zip.data(), static_cast<off_t>(zip.size())));
+  if (!reader.hasRecord(name)) return std::nullopt;
+  auto [data, size] = reader.getRecord(name);
+  return std::string(static_cast<const char*>(data.get()), size);
+}
+
+}  // namespace ddp
