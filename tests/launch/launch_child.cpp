@@ -1,0 +1,101 @@
+// The program ddprun starts in launch_tests. Usage: launch_child MODE [args]
+//   allreduce DIR       init_process_group(env://), all_reduce(rank+1); writes DIR/rank_<RANK>.txt
+//                       with the result, torchrun's variables and when the collective finished
+//   fail_once DIR       rank 1 exits 5 on the first attempt; then behaves like allreduce
+//   fail R CODE [stubborn]  rank R exits CODE after 0.3 s; the others sleep (ignoring SIGTERM
+//                       when "stubborn", so only SIGKILL ends them)
+//   hang [grandchild]   prints "ready rank=R pid=P" and sleeps; optionally starts a helper
+//                       process first (it must die with the rank's process group)
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include <torch/torch.h>
+
+#include <ddp/process_group.h>
+
+namespace {
+
+std::string env(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "<unset>";
+}
+
+int rank() { return std::atoi(env("RANK").c_str()); }
+
+void sleep_s(double seconds) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<long long>(seconds * 1000)));
+}
+
+int allreduce(const std::string& dir) {
+  ddp::InitOptions options;
+  options.backend = "gloo";
+  options.init_method = "env://";
+  options.timeout = std::chrono::seconds(60);
+  ddp::init_process_group(options);
+  auto value = torch::full({4}, static_cast<float>(ddp::get_rank() + 1));
+  ddp::all_reduce(value);
+  const auto done = std::chrono::system_clock::now().time_since_epoch();
+  const int world = ddp::get_world_size();
+  const float expected = world * (world + 1) / 2.0f;
+  const bool ok = torch::allclose(value, torch::full({4}, expected));
+  std::ofstream out(dir + "/rank_" + env("RANK") + ".txt");
+  out << "sum=" << value[0].item<float>() << "\n"
+      << "pg_rank=" << ddp::get_rank() << "\npg_world=" << world << "\n";
+  for (const char* name : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                           "MASTER_ADDR", "MASTER_PORT", "DDPRUN_RESTART_COUNT", "OMP_NUM_THREADS"}) {
+    out << name << "=" << env(name) << "\n";
+  }
+  out << "done_ns=" << std::chrono::duration_cast<std::chrono::nanoseconds>(done).count() << "\n";
+  out.close();
+  std::cout << "all_reduce " << (ok ? "ok" : "WRONG") << " on rank " << ddp::get_rank() << std::endl;
+  ddp::barrier();  // nobody tears down the store while a peer still needs it
+  return ok ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "allreduce" && argc > 2) return allreduce(argv[2]);
+  if (mode == "fail_once" && argc > 2) {
+    if (env("DDPRUN_RESTART_COUNT") == "0" && rank() == 1) {
+      std::cerr << "rank 1 failing on purpose (first attempt)" << std::endl;
+      return 5;
+    }
+    return allreduce(argv[2]);
+  }
+  if (mode == "fail" && argc > 3) {
+    const bool stubborn = argc > 4 && std::string(argv[4]) == "stubborn";
+    if (stubborn) signal(SIGTERM, SIG_IGN);
+    std::cout << "started rank " << rank() << " pid=" << getpid() << std::endl;
+    sleep_s(0.3);
+    if (rank() == std::atoi(argv[2])) {
+      std::cerr << "rank " << rank() << " giving up with code " << argv[3] << std::endl;
+      return std::atoi(argv[3]);
+    }
+    sleep_s(120);
+    return 0;
+  }
+  if (mode == "hang") {
+    if (argc > 2 && std::string(argv[2]) == "grandchild") {
+      if (fork() == 0) {
+        execlp("sleep", "sleep", "120", static_cast<char*>(nullptr));
+        _exit(127);
+      }
+    }
+    std::cout << "ready rank=" << rank() << " pid=" << getpid() << std::endl;
+    sleep_s(120);
+    return 0;
+  }
+  std::cerr << "launch_child: bad arguments (mode '" << mode << "')" << std::endl;
+  return 64;
+}

@@ -1,0 +1,465 @@
+// ddprun end to end: the tests run the built launcher as a subprocess on launch_child and check
+// exit codes, messages, what the ranks saw, and the process table (every process of a job
+// carries DDPRUN_TEST_TAG=<unique tag> in its environment, so leftovers are found in /proc).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "multiprocess.h"
+#include "subprocess.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using launch_test::Finished;
+using launch_test::Subprocess;
+
+const std::string kDdprun = DDPRUN_PATH;
+const std::string kChild = LAUNCH_CHILD_PATH;
+
+std::vector<std::string> ddprun(std::vector<std::string> options, std::vector<std::string> program) {
+  std::vector<std::string> args{kDdprun};
+  args.insert(args.end(), options.begin(), options.end());
+  args.push_back("--");
+  args.push_back(kChild);
+  args.insert(args.end(), program.begin(), program.end());
+  return args;
+}
+
+std::string describe(const Finished& f) {
+  std::ostringstream out;
+  out << "exit_code=" << f.exit_code << " signal=" << f.signal << " timed_out=" << f.timed_out << " after "
+      << f.seconds << " s; output:\n" << f.output;
+  return out.str();
+}
+
+std::map<std::string, std::string> read_result(const std::string& dir, int rank) {
+  std::ifstream in(dir + "/rank_" + std::to_string(rank) + ".txt");
+  std::map<std::string, std::string> values;
+  for (std::string line; std::getline(in, line);) {
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) values[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return values;
+}
+
+struct TempDir {
+  std::string path = ddp::test::make_temp_dir("ddprun_test_");
+  ~TempDir() { ddp::test::remove_tree(path); }
+};
+
+std::string pids_text(const std::vector<int>& pids) {
+  std::string text;
+  for (int pid : pids) text += std::to_string(pid) + " ";
+  return text;
+}
+
+#define EXPECT_NO_PROCESS_LEFT(tag)                                                  \
+  do {                                                                               \
+    auto left_ = launch_test::wait_until_no_tagged((tag), 3s);                       \
+    EXPECT_TRUE(left_.empty()) << "processes of the job still alive: " << pids_text(left_); \
+  } while (0)
+
+// Checks every rank's result file of a world of `world` ranks.
+void expect_world(const std::string& dir, int world, int local_world, int restart = 0) {
+  std::string port;
+  for (int rank = 0; rank < world; ++rank) {
+    auto r = read_result(dir, rank);
+    ASSERT_FALSE(r.empty()) << "rank " << rank << " wrote no result";
+    EXPECT_EQ(r["sum"], std::to_string(world * (world + 1) / 2)) << "rank " << rank;
+    EXPECT_EQ(r["pg_rank"], std::to_string(rank));
+    EXPECT_EQ(r["pg_world"], std::to_string(world));
+    EXPECT_EQ(r["RANK"], std::to_string(rank));
+    EXPECT_EQ(r["LOCAL_RANK"], std::to_string(rank % local_world));
+    EXPECT_EQ(r["WORLD_SIZE"], std::to_string(world));
+    EXPECT_EQ(r["LOCAL_WORLD_SIZE"], std::to_string(local_world));
+    EXPECT_EQ(r["GROUP_RANK"], std::to_string(rank / local_world));
+    EXPECT_EQ(r["GROUP_WORLD_SIZE"], std::to_string(world / local_world));
+    EXPECT_EQ(r["DDPRUN_RESTART_COUNT"], std::to_string(restart));
+    if (rank == 0) port = r["MASTER_PORT"];
+    EXPECT_EQ(r["MASTER_PORT"], port) << "ranks disagree on MASTER_PORT";
+  }
+}
+
+// --- one node ----------------------------------------------------------------------------------
+
+TEST(Launch, FourRanksAllReduceWithTorchrunEnvironment) {
+  TempDir dir;
+  auto tag = launch_test::unique_tag("four");
+  auto env = std::map<std::string, std::string>{{"DDPRUN_TEST_TAG", tag}};
+  env.erase("OMP_NUM_THREADS");
+  unsetenv("OMP_NUM_THREADS");
+  auto f = launch_test::run(ddprun({"--nproc-per-node", "4", "--standalone"}, {"allreduce", dir.path}), env, 120s);
+  ASSERT_EQ(f.exit_code, 0) << describe(f);
+  expect_world(dir.path, 4, 4);
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_EQ(read_result(dir.path, rank)["OMP_NUM_THREADS"], "1");
+    EXPECT_EQ(read_result(dir.path, rank)["MASTER_ADDR"], "127.0.0.1");
+    EXPECT_NE(f.output.find("[rank " + std::to_string(rank) + "] all_reduce ok on rank " + std::to_string(rank)),
+              std::string::npos) << f.output;
+  }
+  EXPECT_NE(f.output.find("setting OMP_NUM_THREADS=1"), std::string::npos) << f.output;
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+TEST(Launch, ProgramWithoutSeparatorAndUserOmpThreadsKept) {
+  TempDir dir;
+  auto f = launch_test::run({kDdprun, "--nproc-per-node", "2", "--standalone", kChild, "allreduce", dir.path},
+                            {{"OMP_NUM_THREADS", "3"}}, 120s);
+  ASSERT_EQ(f.exit_code, 0) << describe(f);
+  expect_world(dir.path, 2, 2);
+  EXPECT_EQ(read_result(dir.path, 1)["OMP_NUM_THREADS"], "3");
+  EXPECT_EQ(f.output.find("setting OMP_NUM_THREADS"), std::string::npos) << f.output;
+}
+
+TEST(Launch, RankExitCodeStopsTheOthersAndIsReported) {
+  auto tag = launch_test::unique_tag("exit3");
+  auto f = launch_test::run(ddprun({"--nproc-per-node", "3", "--grace-period", "2"}, {"fail", "1", "3"}),
+                            {{"DDPRUN_TEST_TAG", tag}, {"MASTER_PORT_UNUSED", "1"}}, 60s);
+  EXPECT_EQ(f.exit_code, 1) << describe(f);
+  EXPECT_NE(f.output.find("ddprun: rank 1 (local rank 1 on node 0"), std::string::npos) << f.output;
+  EXPECT_NE(f.output.find("exited with code 3"), std::string::npos) << f.output;
+  EXPECT_NE(f.output.find("  | rank 1 giving up with code 3"), std::string::npos) << "no tail of the log: " << f.output;
+  // The others sleep 120 s: only the launcher stopping them ends the job this early.
+  EXPECT_LT(f.seconds, 10) << describe(f);
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+TEST(Launch, RanksIgnoringSigtermAreKilledAfterTheGracePeriod) {
+  auto tag = launch_test::unique_tag("stubborn");
+  auto f = launch_test::run(
+      ddprun({"--nproc-per-node", "3", "--grace-period", "1", "--standalone"}, {"fail", "0", "7", "stubborn"}),
+      {{"DDPRUN_TEST_TAG", tag}}, 60s);
+  EXPECT_EQ(f.exit_code, 1) << describe(f);
+  EXPECT_NE(f.output.find("rank 0 (local rank 0 on node 0"), std::string::npos) << f.output;
+  EXPECT_NE(f.output.find("exited with code 7"), std::string::npos) << f.output;
+  EXPECT_GE(f.seconds, 1.0) << "grace period not honoured: " << describe(f);
+  EXPECT_LT(f.seconds, 10) << describe(f);
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+// Finds "ready rank=R pid=P" lines in the launcher's output.
+std::map<int, int> ready_pids(const std::string& output) {
+  std::map<int, int> pids;
+  static const std::regex ready("ready rank=([0-9]+) pid=([0-9]+)");
+  for (std::sregex_iterator it(output.begin(), output.end(), ready), end; it != end; ++it) {
+    pids[std::stoi((*it)[1])] = std::stoi((*it)[2]);
+  }
+  return pids;
+}
+
+TEST(Launch, SigkilledRankStopsTheJob) {
+  auto tag = launch_test::unique_tag("sigkill");
+  Subprocess launcher(ddprun({"--nproc-per-node", "3", "--standalone"}, {"hang", "grandchild"}),
+                      {{"DDPRUN_TEST_TAG", tag}});
+  ASSERT_TRUE(launcher.wait_for_output("ready rank=", 3, 60s)) << launcher.output();
+  const auto pids = ready_pids(launcher.output());
+  ASSERT_EQ(pids.size(), 3u) << launcher.output();
+  EXPECT_GE(launch_test::tagged_processes(tag).size(), 7u) << "launcher + 3 ranks + 3 helpers expected";
+  ASSERT_EQ(kill(pids.at(2), SIGKILL), 0);
+  auto f = launcher.wait(30s);
+  EXPECT_EQ(f.exit_code, 1) << describe(f);
+  EXPECT_NE(f.output.find("rank 2 (local rank 2 on node 0, pid " + std::to_string(pids.at(2)) +
+                          ") was killed by signal 9 (SIGKILL)"),
+            std::string::npos)
+      << f.output;
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+TEST(Launch, SigtermToLauncherReachesEveryRankAndHelper) {
+  auto tag = launch_test::unique_tag("sigterm");
+  Subprocess launcher(ddprun({"--nproc-per-node", "3", "--standalone"}, {"hang", "grandchild"}),
+                      {{"DDPRUN_TEST_TAG", tag}});
+  ASSERT_TRUE(launcher.wait_for_output("ready rank=", 3, 60s)) << launcher.output();
+  ASSERT_EQ(kill(launcher.pid(), SIGTERM), 0);
+  auto f = launcher.wait(30s);
+  EXPECT_EQ(f.exit_code, 128 + SIGTERM) << describe(f);
+  EXPECT_NE(f.output.find("ddprun received signal 15; stopped all ranks"), std::string::npos) << f.output;
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+TEST(Launch, SigintToLauncherStopsEveryRank) {
+  auto tag = launch_test::unique_tag("sigint");
+  Subprocess launcher(ddprun({"--nproc-per-node", "2", "--standalone"}, {"hang"}), {{"DDPRUN_TEST_TAG", tag}});
+  ASSERT_TRUE(launcher.wait_for_output("ready rank=", 2, 60s)) << launcher.output();
+  ASSERT_EQ(kill(launcher.pid(), SIGINT), 0);
+  auto f = launcher.wait(30s);
+  EXPECT_EQ(f.exit_code, 128 + SIGINT) << describe(f);
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+// The last resort: nothing can run in a SIGKILLed launcher, so the kernel (PR_SET_PDEATHSIG)
+// must take the ranks with it.
+TEST(Launch, SigkilledLauncherTakesItsRanksWithIt) {
+  auto tag = launch_test::unique_tag("killlauncher");
+  Subprocess launcher(ddprun({"--nproc-per-node", "3", "--standalone"}, {"hang"}), {{"DDPRUN_TEST_TAG", tag}});
+  ASSERT_TRUE(launcher.wait_for_output("ready rank=", 3, 60s)) << launcher.output();
+  ASSERT_EQ(kill(launcher.pid(), SIGKILL), 0);
+  auto f = launcher.wait(10s);
+  EXPECT_EQ(f.signal, SIGKILL);
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+TEST(Launch, MaxRestartsRestartsTheGroupAfterAFailure) {
+  TempDir dir;
+  auto f = launch_test::run(ddprun({"--nproc-per-node", "3", "--standalone", "--max-restarts", "1"},
+                                   {"fail_once", dir.path}), {}, 120s);
+  ASSERT_EQ(f.exit_code, 0) << describe(f);
+  EXPECT_NE(f.output.find("rank 1 (local rank 1 on node 0"), std::string::npos) << f.output;
+  EXPECT_NE(f.output.find("exited with code 5"), std::string::npos) << f.output;
+  EXPECT_NE(f.output.find("ddprun: restarting all ranks (restart 1 of 1)"), std::string::npos) << f.output;
+  expect_world(dir.path, 3, 3, /*restart=*/1);
+}
+
+TEST(Launch, WithoutRestartsTheSameFailureFailsTheJob) {
+  TempDir dir;
+  auto f = launch_test::run(ddprun({"--nproc-per-node", "3", "--standalone"}, {"fail_once", dir.path}), {}, 120s);
+  EXPECT_EQ(f.exit_code, 1) << describe(f);
+  EXPECT_NE(f.output.find("exited with code 5"), std::string::npos) << f.output;
+  EXPECT_EQ(f.output.find("restarting"), std::string::npos) << f.output;
+}
+
+TEST(Launch, LogDirGetsOneFilePerRankAndNoTeeKeepsTheConsoleQuiet) {
+  TempDir dir;
+  const std::string logs = dir.path + "/logs";
+  auto f = launch_test::run(
+      ddprun({"--nproc-per-node", "2", "--standalone", "--log-dir", logs, "--no-tee"}, {"allreduce", dir.path}), {},
+      120s);
+  ASSERT_EQ(f.exit_code, 0) << describe(f);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream log(logs + "/rank_" + std::to_string(rank) + ".log");
+    std::stringstream text;
+    text << log.rdbuf();
+    EXPECT_NE(text.str().find("all_reduce ok on rank " + std::to_string(rank)), std::string::npos) << text.str();
+  }
+  EXPECT_EQ(f.output.find("all_reduce ok"), std::string::npos) << "--no-tee still printed rank output: " << f.output;
+}
+
+TEST(Launch, FailureReportPointsAtTheLogFile) {
+  TempDir dir;
+  auto f = launch_test::run(
+      ddprun({"--nproc-per-node", "2", "--standalone", "--log-dir", dir.path, "--no-prefix"}, {"fail", "0", "4"}), {},
+      60s);
+  EXPECT_EQ(f.exit_code, 1) << describe(f);
+  EXPECT_NE(f.output.find("(full log: " + dir.path + "/rank_0.log)"), std::string::npos) << f.output;
+  EXPECT_NE(f.output.find("\nstarted rank 1"), std::string::npos) << "--no-prefix: " << f.output;
+}
+
+// --- several nodes -------------------------------------------------------------------------------
+
+TEST(Launch, TwoNodesOnLoopbackFormOneWorld) {
+  TempDir dir;
+  auto tag = launch_test::unique_tag("twonode");
+  const std::string port = std::to_string(ddp::test::free_port());
+  std::vector<std::string> common{"--nnodes", "2", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                                  "--master-port", port, "--timeout", "60"};
+  auto options = [&](const char* node) {
+    auto o = common;
+    o.insert(o.end(), {"--node-rank", node});
+    return o;
+  };
+  // Node 1 first: its launcher must wait for node 0's store to come up.
+  Subprocess node1(ddprun(options("1"), {"allreduce", dir.path}), {{"DDPRUN_TEST_TAG", tag}});
+  Subprocess node0(ddprun(options("0"), {"allreduce", dir.path}), {{"DDPRUN_TEST_TAG", tag}});
+  auto f0 = node0.wait(120s);
+  auto f1 = node1.wait(30s);
+  ASSERT_EQ(f0.exit_code, 0) << describe(f0) << "\nnode 1: " << describe(f1);
+  ASSERT_EQ(f1.exit_code, 0) << describe(f1);
+  expect_world(dir.path, 4, 2);
+  EXPECT_NE(read_result(dir.path, 0)["MASTER_PORT"], port) << "ranks must not reuse the launchers' store port";
+  EXPECT_NE(f1.output.find("[rank 3] all_reduce ok on rank 3"), std::string::npos) << f1.output;
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+TEST(Launch, FailureOnOneNodeStopsTheOtherNode) {
+  auto tag = launch_test::unique_tag("nodefail");
+  const std::string port = std::to_string(ddp::test::free_port());
+  auto options = [&](const char* node) {
+    return std::vector<std::string>{"--nnodes", "2", "--nproc-per-node", "2", "--master-port", port,
+                                    "--node-rank", node, "--timeout", "60", "--monitor-interval", "0.05"};
+  };
+  // Global rank 3 lives on node 1.
+  Subprocess node0(ddprun(options("0"), {"fail", "3", "6"}), {{"DDPRUN_TEST_TAG", tag}});
+  Subprocess node1(ddprun(options("1"), {"fail", "3", "6"}), {{"DDPRUN_TEST_TAG", tag}});
+  auto f1 = node1.wait(60s);
+  auto f0 = node0.wait(60s);
+  EXPECT_EQ(f1.exit_code, 1) << describe(f1);
+  EXPECT_NE(f1.output.find("rank 3 (local rank 1 on node 1"), std::string::npos) << f1.output;
+  EXPECT_EQ(f0.exit_code, 1) << describe(f0);
+  EXPECT_NE(f0.output.find("another node failed: node 1: rank 3 (local rank 1 on node 1"), std::string::npos)
+      << f0.output;
+  EXPECT_LT(f0.seconds, 20) << describe(f0);
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+TEST(Launch, MissingNodeIsNamedAfterTheRendezvousTimeout) {
+  auto tag = launch_test::unique_tag("missingnode");
+  auto f = launch_test::run(ddprun({"--nnodes", "3", "--node-rank", "0", "--master-port",
+                                    std::to_string(ddp::test::free_port()), "--timeout", "1"},
+                                   {"hang"}),
+                            {{"DDPRUN_TEST_TAG", tag}}, 60s);
+  EXPECT_EQ(f.exit_code, 1) << describe(f);
+  EXPECT_NE(f.output.find("rendezvous failed: node(s) [1, 2] did not join round 0 within 1"), std::string::npos)
+      << f.output;
+  EXPECT_EQ(f.output.find("ready rank="), std::string::npos) << "ranks started without a full world";
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+// Real cross-host traffic: each node in its own network namespace, joined by a veth pair.
+struct NetnsPair {
+  std::string ns[2], dev[2], addr[2];
+  bool ok = false;
+  std::string error;
+  NetnsPair() {
+    const std::string id = std::to_string(getpid() % 100000);
+    const std::string subnet = "10.213." + std::to_string(getpid() % 250) + ".";
+    for (int i = 0; i < 2; ++i) {
+      ns[i] = "ddprun" + std::to_string(i) + "_" + id;
+      dev[i] = "dv" + std::to_string(i) + "_" + id;  // interface names are at most 15 chars
+      addr[i] = subnet + std::to_string(i + 1);
+    }
+    const std::vector<std::string> steps{
+        "ip netns add " + ns[0],
+        "ip netns add " + ns[1],
+        "ip link add " + dev[0] + " type veth peer name " + dev[1],
+        "ip link set " + dev[0] + " netns " + ns[0],
+        "ip link set " + dev[1] + " netns " + ns[1],
+        "ip -n " + ns[0] + " addr add " + addr[0] + "/24 dev " + dev[0],
+        "ip -n " + ns[1] + " addr add " + addr[1] + "/24 dev " + dev[1],
+        "ip -n " + ns[0] + " link set " + dev[0] + " up",
+        "ip -n " + ns[1] + " link set " + dev[1] + " up",
+        "ip -n " + ns[0] + " link set lo up",
+        "ip -n " + ns[1] + " link set lo up"};
+    for (const auto& step : steps) {
+      if (std::system((step + " >/dev/null 2>&1").c_str()) != 0) {
+        error = "'" + step + "' failed (needs root and iproute2)";
+        return;
+      }
+    }
+    ok = true;
+  }
+  ~NetnsPair() {
+    for (const auto& name : ns) std::system(("ip netns del " + name + " >/dev/null 2>&1").c_str());
+  }
+};
+
+TEST(Launch, TwoNodesInSeparateNetworkNamespaces) {
+  NetnsPair net;
+  if (!net.ok) GTEST_SKIP() << "cannot create network namespaces here: " << net.error;
+  TempDir dir;
+  auto tag = launch_test::unique_tag("netns");
+  auto node = [&](int i) {
+    std::vector<std::string> args{"/usr/bin/env", "ip", "netns", "exec", net.ns[i], kDdprun, "--nnodes", "2",
+                                  "--node-rank", std::to_string(i), "--nproc-per-node", "2", "--master-addr",
+                                  net.addr[0], "--master-port", "29400", "--timeout", "60", "--", kChild,
+                                  "allreduce", dir.path};
+    return args;
+  };
+  Subprocess node0(node(0), {{"DDPRUN_TEST_TAG", tag}, {"GLOO_SOCKET_IFNAME", net.dev[0]}});
+  Subprocess node1(node(1), {{"DDPRUN_TEST_TAG", tag}, {"GLOO_SOCKET_IFNAME", net.dev[1]}});
+  auto f0 = node0.wait(120s);
+  auto f1 = node1.wait(30s);
+  ASSERT_EQ(f0.exit_code, 0) << describe(f0) << "\nnode 1: " << describe(f1);
+  ASSERT_EQ(f1.exit_code, 0) << describe(f1);
+  expect_world(dir.path, 4, 2);
+  EXPECT_EQ(read_result(dir.path, 3)["MASTER_ADDR"], net.addr[0]);
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+// --- bad input: exit 2, a clear message, nothing started -----------------------------------------
+
+void expect_usage_error(const std::vector<std::string>& args, const std::string& message) {
+  auto tag = launch_test::unique_tag("bad");
+  auto f = launch_test::run(args, {{"DDPRUN_TEST_TAG", tag}}, 30s);
+  EXPECT_EQ(f.exit_code, 2) << describe(f);
+  EXPECT_NE(f.output.find("ddprun: error: " + message), std::string::npos) << f.output;
+  EXPECT_EQ(f.output.find("[rank"), std::string::npos) << "a rank was started: " << f.output;
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+TEST(LaunchBadInput, UnknownOption) {
+  expect_usage_error({kDdprun, "--nproc-per-nod", "2", kChild, "hang"}, "unknown option '--nproc-per-nod'");
+}
+
+TEST(LaunchBadInput, ZeroProcesses) {
+  expect_usage_error(ddprun({"--nproc-per-node", "0"}, {"hang"}), "--nproc-per-node must be at least 1 (got 0)");
+}
+
+TEST(LaunchBadInput, NotANumber) {
+  expect_usage_error(ddprun({"--nproc-per-node", "four"}, {"hang"}),
+                     "--nproc-per-node must be a number, 'cpu' or 'gpu' (got 'four')");
+}
+
+TEST(LaunchBadInput, NodeRankNotBelowNnodes) {
+  expect_usage_error(ddprun({"--nnodes", "2", "--node-rank", "2"}, {"hang"}),
+                     "--node-rank 2 is out of range for --nnodes 2 (valid: 0..1)");
+}
+
+TEST(LaunchBadInput, MasterPortInUse) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+  ASSERT_EQ(listen(fd, 1), 0);
+  socklen_t length = sizeof(address);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+  const std::string port = std::to_string(ntohs(address.sin_port));
+  expect_usage_error(ddprun({"--nproc-per-node", "2", "--master-port", port}, {"hang"}),
+                     "--master-port " + port + " is already in use on this host");
+  expect_usage_error(ddprun({"--nnodes", "2", "--node-rank", "0", "--master-port", port}, {"hang"}),
+                     "--master-port " + port + " is already in use on this host");
+  close(fd);
+}
+
+TEST(LaunchBadInput, ProgramNotFound) {
+  expect_usage_error({kDdprun, "--nproc-per-node", "2", "--", "no_such_program_xyz"},
+                     "program 'no_such_program_xyz' not found in PATH");
+  expect_usage_error({kDdprun, "/nonexistent/dir/prog"}, "program '/nonexistent/dir/prog' not found");
+}
+
+TEST(LaunchBadInput, NoProgram) {
+  expect_usage_error({kDdprun, "--nproc-per-node", "2"}, "no program given");
+}
+
+TEST(LaunchBadInput, StandaloneWithSeveralNodes) {
+  expect_usage_error(ddprun({"--standalone", "--nnodes", "2"}, {"hang"}),
+                     "--standalone is for a single node, but --nnodes is 2");
+}
+
+TEST(LaunchBadInput, NoTeeWithoutLogDir) {
+  expect_usage_error(ddprun({"--no-tee"}, {"hang"}), "--no-tee without --log-dir");
+}
+
+TEST(LaunchBadInput, GpuCountWithoutGpus) {
+  if (std::filesystem::exists("/dev/nvidia0") || std::system("nvidia-smi -L >/dev/null 2>&1") == 0) {
+    GTEST_SKIP() << "this host has a GPU";
+  }
+  expect_usage_error(ddprun({"--nproc-per-node", "gpu"}, {"hang"}), "--nproc-per-node gpu: no NVIDIA GPU found");
+}
+
+TEST(LaunchBadInput, CpuCountStartsOneRankPerCpu) {
+  TempDir dir;
+  auto f = launch_test::run(ddprun({"--nproc-per-node", "cpu", "--standalone"}, {"allreduce", dir.path}), {}, 120s);
+  ASSERT_EQ(f.exit_code, 0) << describe(f);
+  const int cpus = std::stoi(read_result(dir.path, 0)["WORLD_SIZE"]);
+  EXPECT_EQ(cpus, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
+TEST(LaunchBadInput, HelpExitsZero) {
+  auto f = launch_test::run({kDdprun, "--help"}, {}, 30s);
+  EXPECT_EQ(f.exit_code, 0) << describe(f);
+  EXPECT_NE(f.output.find("--nproc-per-node"), std::string::npos) << f.output;
+}
+
+}  // namespace
