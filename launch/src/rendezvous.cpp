@@ -1,12 +1,12 @@
 #include "rendezvous.h"
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
-
 #include <thread>
 #include <vector>
 
 #include "options.h"
 #include "process.h"
+#include "signals.h"
+#include "store.h"
 
 namespace ddprun {
 namespace {
@@ -40,8 +40,7 @@ class LocalRendezvous : public Rendezvous {
   int port_;
 };
 
-std::vector<uint8_t> bytes(const std::string& text) { return {text.begin(), text.end()}; }
-std::string text(const std::vector<uint8_t>& data) { return {data.begin(), data.end()}; }
+bool stop_signal_seen() { return stop_signal() != 0; }
 
 class StoreRendezvous : public Rendezvous {
  public:
@@ -54,92 +53,73 @@ class StoreRendezvous : public Rendezvous {
         timeout_(to_ms(options.rdzv_timeout_s)),
         interval_(to_ms(options.monitor_interval_s)),
         grace_(to_ms(options.grace_period_s)) {
-    c10d::TCPStoreOptions store_options;
-    store_options.port = static_cast<std::uint16_t>(port_);
-    store_options.isServer = node_ == 0;
-    store_options.waitWorkers = false;  // join() waits itself, and names who is missing
-    store_options.timeout = timeout_;
     if (node_ == 0) {
-      if (!port_is_free(port_)) {
-        throw UsageError("--master-port " + std::to_string(port_) +
-                         " is already in use on this host (node 0 hosts the launchers' store there)");
-      }
       try {
-        store_ = c10::make_intrusive<c10d::TCPStore>(addr_, store_options);
+        server_ = std::make_unique<StoreServer>(port_);
       } catch (const std::exception& error) {
-        throw UsageError("node 0 cannot host the rendezvous store on port " + std::to_string(port_) + ": " +
+        throw UsageError("--master-port " + std::to_string(port_) +
+                         " is already in use on this host (node 0 hosts the launchers' store there): " +
                          error.what());
       }
-      return;
     }
-    // Connect in short attempts so Ctrl-C is noticed while node 0 is not up yet.
-    const auto deadline = Clock::now() + timeout_;
-    store_options.timeout = std::min(timeout_, std::chrono::milliseconds(1000));
-    std::string last_error;
-    while (Clock::now() < deadline) {
-      try {
-        store_ = c10::make_intrusive<c10d::TCPStore>(addr_, store_options);
-        store_->setTimeout(timeout_);
-        return;
-      } catch (const std::exception& error) {
-        last_error = error.what();
-      }
+    try {
+      store_ = std::make_unique<StoreClient>(node_ == 0 ? "localhost" : addr_, port_, timeout_, stop_signal_seen);
+    } catch (const std::exception& error) {
+      throw RendezvousError("could not reach node 0's launcher at " + addr_ + ":" + std::to_string(port_) +
+                            " within " + seconds(timeout_) + " (" + error.what() +
+                            "): is ddprun --node-rank 0 running there, and are --master-addr/--master-port right?");
     }
-    throw RendezvousError("could not reach node 0's launcher at " + addr_ + ":" + std::to_string(port_) +
-                          " within " + std::to_string(options.rdzv_timeout_s) +
-                          " s: is ddprun --node-rank 0 running there, and are --master-addr/--master-port right?");
   }
 
   RoundInfo join(int round, bool (*stop_requested)()) override {
     const std::string p = prefix(round);
+    if (!joined_) store_->add("joined", 1);  // node 0's leave() waits only for launchers that came
+    joined_ = true;
     if (store_->add(p + "claim/" + std::to_string(node_), 1) > 1) {
       throw RendezvousError("two launchers were started with --node-rank " + std::to_string(node_));
     }
-    if (node_ == 0) store_->set(p + "port", bytes(std::to_string(pick_free_port())));
-    store_->set(p + "nproc/" + std::to_string(node_), bytes(std::to_string(nproc_)));
+    if (node_ == 0) store_->set(p + "port", std::to_string(pick_free_port()));
+    store_->set(p + "nproc/" + std::to_string(node_), std::to_string(nproc_));
 
-    std::vector<std::string> keys{p + "port"};
-    for (int n = 0; n < nnodes_; ++n) keys.push_back(p + "nproc/" + std::to_string(n));
-    const auto deadline = Clock::now() + timeout_;
-    while (!store_->check(keys)) {
-      if (stop_requested()) throw RendezvousError("interrupted while waiting for the other nodes");
-      if (Clock::now() >= deadline) {
-        std::string missing;
-        for (int n = 0; n < nnodes_; ++n) {
-          if (!store_->check({p + "nproc/" + std::to_string(n)})) missing += (missing.empty() ? "" : ", ") + std::to_string(n);
-        }
-        throw RendezvousError("node(s) [" + missing + "] did not join round " + std::to_string(round) + " within " +
-                              std::to_string(timeout_.count() / 1000.0) + " s");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    // Node 0 writes the port before its own count, so all counts present means the port is too.
     RoundInfo info;
     info.master_addr = addr_;
-    info.master_port = std::stoi(text(store_->get(p + "port")));
+    const auto deadline = Clock::now() + timeout_;
     for (int n = 0; n < nnodes_; ++n) {
-      const int count = std::stoi(text(store_->get(p + "nproc/" + std::to_string(n))));
-      if (n < node_) info.rank_offset += count;
-      info.world_size += count;
+      std::optional<std::string> count;
+      while (!(count = store_->get(p + "nproc/" + std::to_string(n)))) {
+        if (stop_requested()) throw RendezvousError("interrupted while waiting for the other nodes");
+        if (Clock::now() >= deadline) {
+          std::string missing;
+          for (int m = n; m < nnodes_; ++m) {
+            if (!store_->get(p + "nproc/" + std::to_string(m))) missing += (missing.empty() ? "" : ", ") + std::to_string(m);
+          }
+          throw RendezvousError("node(s) [" + missing + "] did not join round " + std::to_string(round) + " within " +
+                                seconds(timeout_));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      if (n < node_) info.rank_offset += std::stoi(*count);
+      info.world_size += std::stoi(*count);
     }
+    info.master_port = std::stoi(store_->get(p + "port").value_or("0"));
     return info;
   }
 
   void report_failure(int round, const std::string& why) override {
     try {
-      store_->set(prefix(round) + "failed", bytes(why));
+      store_->set(prefix(round) + "failed", why);
     } catch (const std::exception&) {
       // Node 0 is gone: the others learn it from their own failed store access.
     }
   }
 
   std::optional<std::string> peer_failure(int round) override {
-    const std::string key = prefix(round) + "failed";
     try {
-      if (store_->check({key})) return text(store_->get(key));
+      return store_->get(prefix(round) + "failed");
     } catch (const std::exception& error) {
       return "lost contact with node 0's launcher at " + addr_ + ":" + std::to_string(port_);
     }
-    return std::nullopt;
   }
 
   std::optional<std::string> finish(int round, bool (*stop_requested)()) override {
@@ -151,8 +131,7 @@ class StoreRendezvous : public Rendezvous {
         if (auto failure = peer_failure(round)) return failure;
         if (stop_requested()) return std::string("interrupted");
         if (Clock::now() >= deadline) {
-          return "other nodes' ranks did not finish within " + std::to_string(timeout_.count() / 1000.0) +
-                 " s of this node's";
+          return "other nodes' ranks did not finish within " + seconds(timeout_) + " of this node's";
         }
         std::this_thread::sleep_for(interval_);
       }
@@ -170,7 +149,7 @@ class StoreRendezvous : public Rendezvous {
       }
       // Node 0 hosts the store: give the other launchers time to read the final keys.
       const auto deadline = Clock::now() + grace_ + std::chrono::seconds(5);
-      while (store_->add("left", 0) < nnodes_ - 1 && Clock::now() < deadline) {
+      while (store_->add("left", 0) < store_->add("joined", 0) - 1 && Clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
       }
     } catch (const std::exception&) {
@@ -179,12 +158,20 @@ class StoreRendezvous : public Rendezvous {
 
  private:
   static std::string prefix(int round) { return "ddprun/r" + std::to_string(round) + "/"; }
+  static std::string seconds(std::chrono::milliseconds ms) {
+    std::string text = std::to_string(ms.count() / 1000.0);
+    text.erase(text.find_last_not_of('0') + 1);
+    if (text.back() == '.') text.pop_back();
+    return text + " s";
+  }
 
   int nnodes_, node_, nproc_;
   std::string addr_;
   int port_;
   std::chrono::milliseconds timeout_, interval_, grace_;
-  c10::intrusive_ptr<c10d::TCPStore> store_;
+  std::unique_ptr<StoreServer> server_;  // node 0 only
+  std::unique_ptr<StoreClient> store_;
+  bool joined_ = false;
 };
 
 }  // namespace

@@ -1,7 +1,7 @@
 #pragma once
 // How the launchers of one job agree on the world before each attempt ("round"), and how they
-// tell each other about a failure. One node: nothing to agree on. Several nodes: a TCPStore
-// hosted by node 0's launcher on --master-port, with keys namespaced by round:
+// tell each other about a failure. One node: nothing to agree on. Several nodes: a small
+// key-value store (store.h) hosted by node 0's launcher on --master-port, with keys namespaced by round:
 //   r<k>/nproc/<node>  each node's rank count     r<k>/port    the ranks' MASTER_PORT (node 0 picks)
 //   r<k>/failed        why the round failed         r<k>/done    nodes whose ranks all succeeded
 #include <chrono>
