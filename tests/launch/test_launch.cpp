@@ -124,8 +124,8 @@ TEST(Launch, ProgramWithoutSeparatorAndUserOmpThreadsKept) {
 
 TEST(Launch, RankExitCodeStopsTheOthersAndIsReported) {
   auto tag = launch_test::unique_tag("exit3");
-  auto f = launch_test::run(ddprun({"--nproc-per-node", "3", "--grace-period", "2"}, {"fail", "1", "3"}),
-                            {{"DDPRUN_TEST_TAG", tag}, {"MASTER_PORT_UNUSED", "1"}}, 60s);
+  auto f = launch_test::run(ddprun({"--nproc-per-node", "3", "--grace-period", "2", "--standalone"}, {"fail", "1", "3"}),
+                            {{"DDPRUN_TEST_TAG", tag}}, 60s);
   EXPECT_EQ(f.exit_code, 1) << describe(f);
   EXPECT_NE(f.output.find("ddprun: rank 1 (local rank 1 on node 0"), std::string::npos) << f.output;
   EXPECT_NE(f.output.find("exited with code 3"), std::string::npos) << f.output;
@@ -313,6 +313,63 @@ TEST(Launch, MissingNodeIsNamedAfterTheRendezvousTimeout) {
       << f.output;
   EXPECT_EQ(f.output.find("ready rank="), std::string::npos) << "ranks started without a full world";
   EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+TEST(Launch, TwoNodesRestartTogetherAfterAFailure) {
+  TempDir dir;
+  auto tag = launch_test::unique_tag("noderestart");
+  const std::string port = std::to_string(ddp::test::free_port());
+  auto options = [&](const char* node) {
+    return std::vector<std::string>{"--nnodes", "2", "--nproc-per-node", "2", "--master-port", port, "--node-rank",
+                                    node, "--timeout", "60", "--max-restarts", "1", "--monitor-interval", "0.05"};
+  };
+  // Rank 1 (node 0) fails on the first attempt; node 1's ranks are then stuck in the rendezvous
+  // and must be stopped and restarted with node 0's.
+  Subprocess node0(ddprun(options("0"), {"fail_once", dir.path}), {{"DDPRUN_TEST_TAG", tag}});
+  Subprocess node1(ddprun(options("1"), {"fail_once", dir.path}), {{"DDPRUN_TEST_TAG", tag}});
+  auto f0 = node0.wait(120s);
+  auto f1 = node1.wait(30s);
+  ASSERT_EQ(f0.exit_code, 0) << describe(f0) << "\nnode 1: " << describe(f1);
+  ASSERT_EQ(f1.exit_code, 0) << describe(f1);
+  EXPECT_NE(f1.output.find("another node failed: node 0: rank 1"), std::string::npos) << f1.output;
+  EXPECT_NE(f1.output.find("restarting all ranks (restart 1 of 1)"), std::string::npos) << f1.output;
+  expect_world(dir.path, 4, 2, /*restart=*/1);
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+TEST(Launch, DuplicateNodeRankIsRefused) {
+  TempDir dir;
+  const std::string port = std::to_string(ddp::test::free_port());
+  auto options = [&](const char* node) {
+    return std::vector<std::string>{"--nnodes", "2", "--nproc-per-node", "1", "--master-port", port,
+                                    "--node-rank", node, "--timeout", "60"};
+  };
+  Subprocess node0(ddprun(options("0"), {"allreduce", dir.path}), {});
+  Subprocess node1a(ddprun(options("1"), {"allreduce", dir.path}), {});
+  Subprocess node1b(ddprun(options("1"), {"allreduce", dir.path}), {});
+  auto f0 = node0.wait(120s);
+  auto f1a = node1a.wait(30s);
+  auto f1b = node1b.wait(30s);
+  EXPECT_EQ(f0.exit_code, 0) << describe(f0);
+  const std::string refused = "rendezvous failed: two launchers were started with --node-rank 1";
+  const bool a_refused = f1a.output.find(refused) != std::string::npos;
+  const bool b_refused = f1b.output.find(refused) != std::string::npos;
+  EXPECT_NE(a_refused, b_refused) << "exactly one node-1 launcher must be refused:\n" << describe(f1a) << "\n"
+                                  << describe(f1b);
+  EXPECT_EQ((a_refused ? f1a : f1b).exit_code, 1);
+  EXPECT_EQ((a_refused ? f1b : f1a).exit_code, 0);
+  expect_world(dir.path, 2, 1);
+}
+
+TEST(Launch, UnreachableMasterNodeIsAClearError) {
+  const std::string port = std::to_string(ddp::test::free_port());
+  auto f = launch_test::run(
+      ddprun({"--nnodes", "2", "--node-rank", "1", "--master-port", port, "--timeout", "1"}, {"hang"}), {}, 60s);
+  EXPECT_EQ(f.exit_code, 1) << describe(f);
+  EXPECT_NE(f.output.find("could not reach node 0's launcher at 127.0.0.1:" + port + " within 1 s"),
+            std::string::npos)
+      << f.output;
+  EXPECT_EQ(f.output.find("ready rank="), std::string::npos) << f.output;
 }
 
 // Real cross-host traffic: each node in its own network namespace, joined by a veth pair.
