@@ -1,0 +1,116 @@
+// kill -9 while a large checkpoint is being written, many times at random moments: the
+// checkpoint on disk always loads, whole, as either the previous or the new version.
+#ifndef _WIN32
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ddp/atomic_file.h>
+#include <ddp/checkpoint.h>
+
+#include "multiprocess.h"
+
+namespace {
+
+// ~16 MiB of parameters, so a write takes long enough to be interrupted.
+struct Large : torch::nn::Module {
+  Large() { weight = register_parameter("weight", torch::zeros({2048, 2048})); }
+  torch::Tensor weight;
+};
+
+// Version k: every weight equals k and the metadata says k, so a mixed file would be caught.
+void save_version(const std::string& path, Large& model, int64_t k) {
+  {
+    torch::NoGradGuard no_grad;
+    model.weight.fill_(static_cast<float>(k));
+  }
+  ddp::TrainingState state;
+  state.global_step = k;
+  state.metadata = {{"version", std::to_string(k)}};
+  ddp::save_checkpoint(path, model, nullptr, state);
+}
+
+// Worker: rewrites the same checkpoint forever with increasing versions until killed.
+DDP_WORKER(rewrite_checkpoint_forever) {
+  const std::string path = ddp::test::shared_dir() + "/ckpt.pt";
+  Large model;
+  int64_t k = std::stoll(std::getenv("FIRST_VERSION"));
+  std::ofstream(ddp::test::shared_dir() + "/started." + std::getenv("FIRST_VERSION")) << "1";
+  for (;; ++k) save_version(path, model, k);
+}
+
+pid_t spawn_writer(const std::string& dir, int64_t first_version) {
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
+  const std::vector<std::string> env = {"DDP_TEST_WORKER=rewrite_checkpoint_forever", "DDP_TEST_DIR=" + dir,
+                                        "RANK=0", "WORLD_SIZE=1", "OMP_NUM_THREADS=1",
+                                        "FIRST_VERSION=" + std::to_string(first_version)};
+  std::vector<char*> envp;
+  for (const auto& item : env) envp.push_back(const_cast<char*>(item.c_str()));
+  envp.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {  // exec at once: nothing of the parent's torch state runs in the child
+    execle(exe.c_str(), exe.c_str(), static_cast<char*>(nullptr), envp.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+TEST(CrashSafety, KillNineDuringWritesAlwaysLeavesALoadableCheckpoint) {
+  const std::string dir = ddp::test::make_temp_dir("ckpt-crash");
+  const std::string path = dir + "/ckpt.pt";
+  Large model;
+  save_version(path, model, 1);
+  int64_t last_version = 1;
+  int killed_mid_write = 0;
+  std::mt19937 random(12345);
+  constexpr int kKills = 20;
+  for (int kill_number = 0; kill_number < kKills; ++kill_number) {
+    const pid_t pid = spawn_writer(dir, last_version + 1);
+    ASSERT_GT(pid, 0);
+    const std::string started = dir + "/started." + std::to_string(last_version + 1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!std::filesystem::exists(started) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_TRUE(std::filesystem::exists(started)) << "writer never started";
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 600)(random)));
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "writer ended on its own: " << status;
+    // A leftover temporary file means the kill landed inside a write.
+    const std::string temporary = path + ".tmp." + std::to_string(pid);
+    if (std::filesystem::exists(temporary)) {
+      ++killed_mid_write;
+      std::filesystem::remove(temporary);
+    }
+
+    Large loaded;
+    ddp::TrainingState state;
+    ASSERT_NO_THROW(state = ddp::load_checkpoint(path, loaded, nullptr)) << "after kill " << kill_number;
+    const int64_t version = state.global_step;
+    EXPECT_GE(version, last_version) << "an older checkpoint came back";
+    EXPECT_EQ(state.metadata["version"], std::to_string(version));
+    EXPECT_TRUE(torch::equal(loaded.weight, torch::full({2048, 2048}, static_cast<float>(version))))
+        << "weights of a different version than the metadata: a torn file";
+    last_version = version;
+    std::filesystem::remove(started);
+  }
+  // The test means something only if kills really hit writes in progress.
+  EXPECT_GT(killed_mid_write, 0) << "no kill landed during a write";
+  std::cout << "[ crash    ] " << killed_mid_write << " of " << kKills << " kills landed mid-write; "
+            << "last complete version " << last_version << std::endl;
+  ddp::test::remove_tree(dir);
+}
+
+}  // namespace
+#endif  // _WIN32

@@ -1,0 +1,107 @@
+// Python interop: Python's torch.load reads our checkpoint as a plain state_dict, and a
+// state_dict saved by Python's torch.save loads here. Skipped without python3 + torch.
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ddp/checkpoint.h>
+
+#include "models.h"
+#include "multiprocess.h"
+
+namespace {
+
+// Runs a Python script; returns its exit code and output.
+int run_python(const std::string& dir, const std::string& script, std::string* output) {
+  const std::string file = dir + "/script.py";
+  std::ofstream(file) << script;
+  FILE* pipe = popen(("python3 " + file + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output->append(buffer, n);
+  return pclose(pipe);
+}
+
+bool python_has_torch() { return std::system("python3 -c 'import torch' >/dev/null 2>&1") == 0; }
+
+// The values both sides fill the ToyModel with: element i of a tensor is 0.25 * i - 1 (exact in float).
+void fill_known(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  for (auto& parameter : module.parameters()) {
+    parameter.copy_(torch::arange(parameter.numel(), torch::kFloat).mul(0.25).sub(1).view(parameter.sizes()));
+  }
+}
+
+constexpr char kPythonToyModel[] = R"(
+import sys, torch
+class ToyModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net1 = torch.nn.Linear(10, 10)
+        self.relu = torch.nn.ReLU()
+        self.net2 = torch.nn.Linear(10, 5)
+def known(t):
+    return (torch.arange(t.numel(), dtype=torch.float32) * 0.25 - 1).view(t.shape)
+)";
+
+class PythonInterop : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!python_has_torch()) GTEST_SKIP() << "python3 with torch is not installed (apt-get install python3-torch)";
+    dir_ = ddp::test::make_temp_dir("ckpt-python");
+  }
+  void TearDown() override {
+    if (!dir_.empty()) ddp::test::remove_tree(dir_);
+  }
+  std::string dir_;
+};
+
+TEST_F(PythonInterop, PythonTorchLoadReadsOurCheckpointAsAPlainStateDict) {
+  ckpt_test::ToyModel model;
+  fill_known(*model);
+  torch::optim::Adam optimizer(model->parameters());
+  ddp::TrainingState state;
+  state.global_step = 17;
+  const std::string path = dir_ + "/ckpt.pt";
+  ddp::save_checkpoint(path, *model, &optimizer, state);
+  std::string output;
+  const int status = run_python(dir_, std::string(kPythonToyModel) + R"(
+sd = torch.load(sys.argv[0].replace('script.py', 'ckpt.pt'))
+assert type(sd) is dict, type(sd)
+assert sorted(sd) == ['net1.bias', 'net1.weight', 'net2.bias', 'net2.weight'], sorted(sd)
+for name, tensor in sd.items():
+    assert tensor.device.type == 'cpu'
+    assert torch.equal(tensor, known(tensor)), name
+model = ToyModel()
+model.load_state_dict(sd)  # strict: same names and shapes as the Python module
+print('python read', len(sd), 'tensors')
+)", &output);
+  EXPECT_EQ(status, 0) << output;
+  EXPECT_TRUE(ckpt_test::contains(output, "python read 4 tensors")) << output;
+}
+
+TEST_F(PythonInterop, PythonSavedStateDictLoadsInCpp) {
+  std::string output;
+  const int status = run_python(dir_, std::string(kPythonToyModel) + R"(
+model = ToyModel()
+with torch.no_grad():
+    for p in model.parameters():
+        p.copy_(known(p))
+torch.save(model.state_dict(), sys.argv[0].replace('script.py', 'from_python.pt'))
+ddp = {'module.' + k: v for k, v in model.state_dict().items()}  # what a Python DDP model saves
+torch.save(ddp, sys.argv[0].replace('script.py', 'from_python_ddp.pt'))
+)", &output);
+  ASSERT_EQ(status, 0) << output;
+  ckpt_test::ToyModel expected;
+  fill_known(*expected);
+  for (const char* name : {"/from_python.pt", "/from_python_ddp.pt"}) {
+    ckpt_test::ToyModel loaded;
+    ddp::load_state_dict(*loaded, ddp::load_state_dict(dir_ + name, ddp::MapLocation("cpu")), true, name);
+    EXPECT_TRUE(ckpt_test::same_state(*loaded, *expected)) << name;
+  }
+}
+
+}  // namespace
