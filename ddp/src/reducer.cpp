@@ -175,11 +175,9 @@ void Reducer::prepare_for_backward(bool sync, const std::vector<at::Tensor>& out
   if (track_usage_) {
     used_host_.zero_();
     unused_ = find_unused(outputs);
-  } else if (options_.static_graph) {
-    unused_ = static_unused_;
-  } else {
+  } else if (!options_.static_graph) {
     unused_.clear();
-  }
+  }  // static_graph after its first iteration: unused_ still holds what that iteration found
 }
 
 // Parameters whose gradient accumulator cannot be reached from the outputs get no gradient in
@@ -275,6 +273,10 @@ void Reducer::mark_ready(size_t param, bool used) {
 }
 
 // Buckets go out strictly in order, so every rank issues the same collectives in the same order.
+// CUDA: the copy into the bucket ran on the stream the gradient was computed on (the hook runs
+// there); the process group orders its own stream after the current one when it launches, and
+// Work::wait() in finalize() orders the current stream after the collective, so neither the copy
+// nor the optimizer step that follows can race with the allreduce.
 void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_];
@@ -332,10 +334,7 @@ void Reducer::finalize() {
     if (!used_device_.is_same(used_host_)) used_host_.copy_(used_device_);
     const int32_t* used = used_host_.data_ptr<int32_t>();
     for (size_t p = 0; p < params_.size(); ++p) globally_unused_[p] = used[p] == 0;
-    if (options_.static_graph && !graph_learnt_) {
-      static_unused_ = unused_;
-      graph_learnt_ = true;
-    }
+    if (options_.static_graph) graph_learnt_ = true;
   }
   write_back_gradients();
   guard.armed = false;

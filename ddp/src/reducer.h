@@ -97,12 +97,12 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   State state_ = State::kIdle;
   std::vector<char> ready_;           // ready_[param] in this iteration
   size_t next_bucket_ = 0;            // first bucket not launched yet
-  std::vector<size_t> unused_;        // found unused at forward, marked when backward starts
+  std::vector<size_t> unused_;        // found unused at forward (static_graph: in iteration one),
+                                      // marked when backward starts
   bool track_usage_ = false;          // this iteration learns which parameters any rank used
   at::Tensor used_host_;              // int32 per parameter: 1 where this rank produced a gradient
   at::Tensor used_device_;            // the same on the parameters' device, for the collective
   std::vector<char> globally_unused_; // no rank produced a gradient: leave param.grad() alone
-  std::vector<size_t> static_unused_; // static_graph: locally unused, learnt in iteration one
   bool graph_learnt_ = false;
   std::vector<size_t> ready_order_;   // first iteration's gradient order, for the one rebuild
   bool rebuilt_ = false;
