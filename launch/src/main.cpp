@@ -47,6 +47,12 @@ int run(ddprun::Options& options) {
         rendezvous->leave();
         return 0;
       }
+      if (stop_requested()) {
+        std::cerr << "ddprun: received signal " << ddprun::stop_signal()
+                  << " while waiting for the other nodes; this node's ranks had finished\n";
+        rendezvous->leave();
+        return 128 + ddprun::stop_signal();
+      }
       result.outcome = ddprun::RoundResult::kPeerFailed;
       result.reason = *peer;
     }

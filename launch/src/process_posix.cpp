@@ -81,9 +81,16 @@ Child spawn(const std::string& path, const std::vector<std::string>& args, const
   if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(exec_error, O_CLOEXEC) != 0) {
     throw std::runtime_error(std::string("pipe failed: ") + strerror(errno));
   }
+  // A rank is not in the terminal's foreground process group: reading the terminal would stop it
+  // (SIGTTIN), so its stdin is /dev/null.
+  const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   const pid_t parent = getpid();
   const pid_t pid = fork();
-  if (pid < 0) throw std::runtime_error(std::string("fork failed: ") + strerror(errno));
+  if (pid < 0) {
+    const int error = errno;
+    for (int fd : {out[0], out[1], err[0], err[1], exec_error[0], exec_error[1], null_fd}) close(fd);
+    throw std::runtime_error(std::string("fork failed: ") + strerror(error));
+  }
   if (pid == 0) {
     setpgid(0, 0);
 #ifdef __linux__
@@ -96,6 +103,7 @@ Child spawn(const std::string& path, const std::vector<std::string>& args, const
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) signal(s, SIG_DFL);
+    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
     dup2(out[1], STDOUT_FILENO);
     dup2(err[1], STDERR_FILENO);
     execve(path.c_str(), argv.data(), envp.data());
@@ -104,6 +112,7 @@ Child spawn(const std::string& path, const std::vector<std::string>& args, const
     _exit(127);
   }
   setpgid(pid, pid);  // also from the parent, so signal_group works even before the child ran
+  if (null_fd >= 0) close(null_fd);
   close(out[1]);
   close(err[1]);
   close(exec_error[1]);

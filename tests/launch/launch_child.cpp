@@ -6,6 +6,7 @@
 //                       when "stubborn", so only SIGKILL ends them)
 //   hang [grandchild]   prints "ready rank=R pid=P" and sleeps; optionally starts a helper
 //                       process first (it must die with the rank's process group)
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -87,10 +88,19 @@ int main(int argc, char** argv) {
   }
   if (mode == "hang") {
     if (argc > 2 && std::string(argv[2]) == "grandchild") {
+      // "ready" only once the helper has exec'd (the close-on-exec pipe reads EOF then), so the
+      // test's process-table count never catches it mid-exec.
+      int exec_done[2];
+      if (pipe2(exec_done, O_CLOEXEC) != 0) return 70;
       if (fork() == 0) {
         execlp("sleep", "sleep", "120", static_cast<char*>(nullptr));
         _exit(127);
       }
+      close(exec_done[1]);
+      char byte;
+      while (read(exec_done[0], &byte, 1) > 0) {
+      }
+      close(exec_done[0]);
     }
     std::cout << "ready rank=" << rank() << " pid=" << getpid() << std::endl;
     sleep_s(120);
