@@ -52,6 +52,94 @@ std::string hex32(uint32_t value) {
   return text;
 }
 
+
+// --- Python's OrderedDict ---------------------------------------------------------------------------
+// Python's torch.save(model.state_dict()) pickles a collections.OrderedDict (plus a _metadata
+// attribute set by BUILD). LibTorch 1.13's unpickler turns an OrderedDict into None and knows no
+// SETITEM, so such a file would not load. We rewrite just those two spots of the pickle: the root
+// becomes a plain dict, the OrderedDict global stays in the memo (tensors reference it for their
+// backward hooks) as a dummy entry removed after loading, and the trailing _metadata BUILD is cut.
+constexpr char kHookKey[] = "__torchddp_ordered_dict__";
+
+// Length of the opcode at `at` (with its argument); 0 when unknown. Covers what torch.save emits.
+std::size_t opcode_length(const std::string& pickle, std::size_t at) {
+  auto u32 = [&](std::size_t offset) {
+    uint32_t value = 0;
+    std::memcpy(&value, pickle.data() + offset, 4);
+    return static_cast<std::size_t>(value);
+  };
+  switch (pickle[at]) {
+    case '(': case ')': case '}': case ']': case 't': case 'R': case 'Q': case 'N': case 's': case 'u':
+    case 'a': case 'e': case 'b': case '.': case '\x85': case '\x86': case '\x87': case '\x88': case '\x89':
+    case '\x94':
+      return 1;
+    case 'q': case 'h': case 'K': case '\x80': return 2;
+    case 'M': return 3;
+    case 'r': case 'j': case 'J': return 5;
+    case 'G': case '\x95': return 9;
+    case 'X': return 5 + u32(at + 1);
+    case '\x8c': case '\x8a': return 2 + static_cast<unsigned char>(pickle[at + 1]);
+    case 'c': {  // two newline-terminated names
+      const std::size_t first = pickle.find('\n', at);
+      const std::size_t second = first == std::string::npos ? first : pickle.find('\n', first + 1);
+      return second == std::string::npos ? 0 : second + 1 - at;
+    }
+    default: return 0;
+  }
+}
+
+std::optional<std::string> plain_dict_pickle(const std::string& pickle) {
+  const std::string prefix = std::string("\x80\x02" "ccollections\nOrderedDict\nq\x00)Rq\x01(", 34);
+  if (pickle.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  const std::string key = kHookKey;
+  const uint32_t key_size = static_cast<uint32_t>(key.size());
+  std::string out = std::string("\x80\x02}q\x01(X", 7);
+  out.append(reinterpret_cast<const char*>(&key_size), 4);  // pickle is little endian, as are we
+  out += key + std::string("ccollections\nOrderedDict\nq\x00", 27);
+  // Walk to the end of the root's items: the SETITEMS that closes a mark opened at depth 0.
+  int depth = 1;
+  std::size_t at = prefix.size();
+  while (at < pickle.size()) {
+    const std::size_t length = opcode_length(pickle, at);
+    if (length == 0 || at + length > pickle.size()) return std::nullopt;
+    const char op = pickle[at];
+    if (op == '(') ++depth;
+    if (op == 't' || op == 'u' || op == 'e') --depth;
+    at += length;
+    if (depth == 0 && pickle[at] == '(') continue;  // the next batch of root items
+    if (depth == 0) break;
+  }
+  out.append(pickle, prefix.size(), at - prefix.size());
+  out += '.';  // STOP: the _metadata BUILD that may follow is dropped
+  return out;
+}
+
+// The same archive with data.pkl rewritten by plain_dict_pickle, or nullopt if not needed.
+std::optional<std::vector<char>> with_plain_dict(const std::vector<char>& zip) {
+  caffe2::serialize::PyTorchStreamReader reader(
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(zip.data(), static_cast<off_t>(zip.size())));
+  if (!reader.hasRecord("data.pkl")) return std::nullopt;
+  auto [data, size] = reader.getRecord("data.pkl");
+  const auto pickle = plain_dict_pickle(std::string(static_cast<const char*>(data.get()), size));
+  if (!pickle) return std::nullopt;
+  std::vector<char> out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t n) {
+    out.insert(out.end(), static_cast<const char*>(bytes), static_cast<const char*>(bytes) + n);
+    return n;
+  });
+  for (const auto& name : reader.getAllRecords()) {
+    if (name == "version" || name == ".data/version" || name == ".data/serialization_id") continue;  // the writer adds its own
+    if (name == "data.pkl") {
+      writer.writeRecord(name, pickle->data(), pickle->size());
+    } else {
+      auto [record, record_size] = reader.getRecord(name);
+      writer.writeRecord(name, record.get(), record_size);
+    }
+  }
+  writer.writeEndOfFile();
+  return out;
+}
+
 }  // namespace
 
 void seal_archive(std::vector<char>& zip) {
@@ -148,7 +236,9 @@ StateDict parse_state_dict_archive(const std::vector<char>& zip, const std::stri
   }
   c10::IValue root;
   try {
-    root = torch::jit::pickle_load(zip);
+    const auto rewritten = with_plain_dict(zip);
+    root = torch::jit::pickle_load(rewritten ? *rewritten : zip);
+    if (rewritten && root.isGenericDict()) root.toGenericDict().erase(kHookKey);
   } catch (const std::exception& error) {
     throw CheckpointError("cannot read the model state in " + path + ": " + error.what());
   }

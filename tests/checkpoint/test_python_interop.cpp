@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -14,18 +15,28 @@
 
 namespace {
 
+// The first interpreter that has torch: $DDP_PYTHON, python3 on PATH, Debian's /usr/bin/python3
+// (python3-torch installs there; a pyenv or venv python3 earlier on PATH would not see it).
+std::string python_with_torch() {
+  std::vector<std::string> candidates = {"python3", "/usr/bin/python3"};
+  if (const char* chosen = std::getenv("DDP_PYTHON")) candidates.insert(candidates.begin(), chosen);
+  for (const auto& python : candidates) {
+    if (std::system((python + " -c 'import torch' >/dev/null 2>&1").c_str()) == 0) return python;
+  }
+  return "";
+}
+
 // Runs a Python script; returns its exit code and output.
 int run_python(const std::string& dir, const std::string& script, std::string* output) {
   const std::string file = dir + "/script.py";
   std::ofstream(file) << script;
-  FILE* pipe = popen(("python3 " + file + " 2>&1").c_str(), "r");
+  FILE* pipe = popen((python_with_torch() + " " + file + " 2>&1").c_str(), "r");
   if (pipe == nullptr) return -1;
   char buffer[4096];
   while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) output->append(buffer, n);
   return pclose(pipe);
 }
 
-bool python_has_torch() { return std::system("python3 -c 'import torch' >/dev/null 2>&1") == 0; }
 
 // The values both sides fill the ToyModel with: element i of a tensor is 0.25 * i - 1 (exact in float).
 void fill_known(torch::nn::Module& module) {
@@ -50,7 +61,9 @@ def known(t):
 class PythonInterop : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!python_has_torch()) GTEST_SKIP() << "python3 with torch is not installed (apt-get install python3-torch)";
+    if (python_with_torch().empty()) {
+      GTEST_SKIP() << "no python3 with torch (tried $DDP_PYTHON, python3, /usr/bin/python3; apt-get install python3-torch)";
+    }
     dir_ = ddp::test::make_temp_dir("ckpt-python");
   }
   void TearDown() override {
