@@ -505,7 +505,7 @@ TEST(LaunchBadInput, GpuCountWithoutGpus) {
   expect_usage_error(ddprun({"--nproc-per-node", "gpu"}, {"hang"}), "--nproc-per-node gpu: no NVIDIA GPU found");
 }
 
-TEST(LaunchBadInput, CpuCountStartsOneRankPerCpu) {
+TEST(Launch, CpuCountStartsOneRankPerCpu) {
   TempDir dir;
   auto f = launch_test::run(ddprun({"--nproc-per-node", "cpu", "--standalone"}, {"allreduce", dir.path}), {}, 120s);
   ASSERT_EQ(f.exit_code, 0) << describe(f);
@@ -513,7 +513,7 @@ TEST(LaunchBadInput, CpuCountStartsOneRankPerCpu) {
   EXPECT_EQ(cpus, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
 }
 
-TEST(LaunchBadInput, HelpExitsZero) {
+TEST(Launch, HelpExitsZero) {
   auto f = launch_test::run({kDdprun, "--help"}, {}, 30s);
   EXPECT_EQ(f.exit_code, 0) << describe(f);
   EXPECT_NE(f.output.find("--nproc-per-node"), std::string::npos) << f.output;
