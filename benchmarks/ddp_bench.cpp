@@ -42,14 +42,14 @@ namespace fs = std::filesystem;
 
 struct Config {
   std::vector<int> worlds{1, 2};
-  int input = 512;
+  int input = 256;
   int hidden = 1024;
-  int layers = 6;  // hidden layers; ~5.8M parameters with the defaults
+  int layers = 6;  // hidden layers; 5.5M parameters (21 MiB of gradients) with the defaults
   int classes = 10;
-  int batch = 32;   // per rank
-  int warmup = 3;   // untimed steps per peer (torchddp rebuilds its buckets after the first)
-  int steps = 8;    // timed steps per peer per round
-  int repeats = 5;  // interleaved rounds
+  int batch = 16;   // per rank; small, so that synchronization is a visible part of the step
+  int warmup = 2;   // untimed steps per peer (torchddp rebuilds its buckets after the first)
+  int steps = 3;    // timed steps per peer per round
+  int repeats = 6;  // interleaved rounds: short blocks, so load changes hit every peer alike
   bool sweep = true;
   bool c10d_reducer = true;
   int timeout_s = 280;  // for one world size, all ranks
@@ -138,6 +138,7 @@ std::shared_ptr<torch::optim::SGD> make_sgd(const std::shared_ptr<Mlp>& model) {
 }
 
 struct Peer {
+  Peer(std::string name, std::string what) : name(std::move(name)), what(std::move(what)) {}
   std::string name;           // id in the CSV
   std::string what;           // one line for humans
   double bucket_cap_mb = 0;   // sweep entries only
@@ -146,6 +147,8 @@ struct Peer {
   std::function<int64_t()> buckets;     // collectives per step, where known
   std::vector<double> times_ms;         // every timed step, all rounds
   std::vector<double> round_median_ms;  // one per round
+  // copy_in_out only: the time of the copies alone, per timed step (steady_clock around them).
+  std::shared_ptr<std::vector<double>> copy_ms;
 };
 
 Peer no_ddp(const Config& c, const Batch& b) {
@@ -224,15 +227,19 @@ Peer copy_in_out(const Config& c, const Batch& b, ddp::ProcessGroupPtr pg) {
   }
   const auto scale = torch::full({}, 1.0 / pg->getSize());
   Peer p{"copy_in_out", "no_ddp plus the reducer's copies (grad*1/W into a bucket, then back), no comm"};
+  p.copy_ms = std::make_shared<std::vector<double>>();
+  auto copy_ms = p.copy_ms;
   p.step = [=] {
     sgd->zero_grad();
     torch::nn::functional::cross_entropy(model->forward(b.x), b.y).backward();
     at::NoGradGuard no_grad;
+    const auto start = std::chrono::steady_clock::now();
     for (size_t k = 0; k < params.size(); ++k) {
       at::Tensor slot = (*slots)[k];
       at::mul_out(slot, params[params.size() - 1 - k].grad(), scale);
     }
     for (size_t k = 0; k < params.size(); ++k) params[params.size() - 1 - k].grad().copy_((*slots)[k]);
+    copy_ms->push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
     sgd->step();
   };
   return p;
@@ -336,6 +343,7 @@ int run_rank(const Config& c) {
     }
   }
 
+  const auto started = std::chrono::steady_clock::now();
   for (auto& peer : peers) {
     for (int i = 0; i < c.warmup; ++i) peer.step();
   }
@@ -351,18 +359,26 @@ int run_rank(const Config& c) {
         times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
       }
       peer.times_ms.insert(peer.times_ms.end(), times.begin(), times.end());
+      if (peer.copy_ms && round == 0 && peer.copy_ms->size() > static_cast<size_t>(c.steps)) {
+        peer.copy_ms->erase(peer.copy_ms->begin(), peer.copy_ms->end() - c.steps);  // drop warm-up
+      }
       peer.round_median_ms.push_back(median(times));
     }
-    if (rank == 0) std::cerr << "world " << world << ": round " << round + 1 << "/" << c.repeats << " done\n";
+    if (rank == 0) {
+      std::cerr << "world " << world << ": round " << round + 1 << "/" << c.repeats << " done, "
+                << static_cast<int>(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count())
+                << " s\n";
+    }
   }
   ddp::barrier(pg);
   if (rank != 0) return 0;
 
   const Peer& base = peers[0];
   const Peer& ddp_default = peers[4];
+  // The best bucket size: the lowest ratio against the default, the same measure that is reported.
   const Peer* best = nullptr;
   for (const auto& peer : peers) {
-    if (peer.in_sweep && (!best || median(peer.times_ms) < median(best->times_ms))) best = &peer;
+    if (peer.in_sweep && (!best || ratio(peer, ddp_default) < ratio(*best, ddp_default))) best = &peer;
   }
   int64_t numel = 0;
   for (const auto& param : make_model(c)->parameters()) numel += param.numel();
@@ -379,6 +395,10 @@ int run_rank(const Config& c) {
                 {"ratio_vs_no_ddp", ratio(peer, base)},
                 {"ratio_vs_torchddp", ratio(peer, ddp_default)}};
     if (peer.buckets) row["collectives_per_step"] = peer.buckets();
+    if (peer.copy_ms) {
+      row["copy_only_median_ms"] = median(*peer.copy_ms);
+      row["copy_fraction_of_no_ddp_step"] = median(*peer.copy_ms) / median(base.times_ms);
+    }
     if (peer.in_sweep) {
       row["bucket_cap_mb"] = peer.bucket_cap_mb;
       row["ratio_vs_best_bucket"] = ratio(peer, *best);
@@ -432,10 +452,11 @@ bool spawn_world(int world, const Config& c, char** argv) {
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(c.timeout_s);
   bool ok = true;
+  bool killed = false;
   size_t running = children.size();
   while (running > 0) {
     int status = 0;
-    const pid_t done = waitpid(-1, &status, WNOHANG);
+    const pid_t done = waitpid(-1, &status, killed ? 0 : WNOHANG);
     if (done > 0) {
       --running;
       if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ok = false;
@@ -444,10 +465,10 @@ bool spawn_world(int world, const Config& c, char** argv) {
       ok = false;
     } else {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      continue;
     }
-    if (!ok) {  // stop the others rather than wait for their collectives to time out
+    if (!ok && !killed) {  // stop the others rather than wait for their collectives to time out
       for (pid_t child : children) kill(child, SIGTERM);
+      killed = true;
     }
   }
   return ok;
@@ -493,7 +514,7 @@ void merge_and_plot(const Config& c) {
     std::cout << "\nworld " << world << " (" << run["parameters"] << " parameters, batch " << c.batch
               << " per rank)\n";
     std::printf("  %-22s %10s %10s %10s %10s\n", "peer", "median_ms", "vs_no_ddp", "vs_torchddp", "vs_best_bkt");
-    dat << "cap_mb \"world " << world << "\"\n";
+    dat << "# world " << world << ": bucket_cap_mb, step time / best\n";
     for (const auto& row : run["peers"]) {
       const bool sweep = row.contains("bucket_cap_mb");
       csv << world << ',' << row["peer"].get<std::string>() << ','
@@ -506,6 +527,12 @@ void merge_and_plot(const Config& c) {
                   row["median_ms"].get<double>(), row["ratio_vs_no_ddp"].get<double>(),
                   row["ratio_vs_torchddp"].get<double>(),
                   sweep ? fmt(row["ratio_vs_best_bucket"].get<double>()).c_str() : "");
+    }
+    for (const auto& row : run["peers"]) {
+      if (row.contains("copy_only_median_ms")) {
+        std::printf("  copies alone (grad*1/W into a bucket and back): %.2f ms = %.1f%% of a no_ddp step\n",
+                    row["copy_only_median_ms"].get<double>(), 100 * row["copy_fraction_of_no_ddp_step"].get<double>());
+      }
     }
     // One gnuplot data block per world size, rows sorted by bucket size.
     std::vector<std::pair<double, double>> points;
@@ -523,8 +550,11 @@ void merge_and_plot(const Config& c) {
 
   const fs::path script = fs::path(DDP_BENCH_SOURCE_DIR) / "plot_buckets.gp";
   if (c.sweep && fs::exists(script)) {
+    std::string worlds;
+    for (int world : c.worlds) worlds += std::to_string(world) + " ";
     const std::string command = "gnuplot -e \"datafile='" + (dir / "buckets.dat").string() + "'; outfile='" +
-                                (dir / "buckets.png").string() + "'\" '" + script.string() + "'";
+                                (dir / "buckets.png").string() + "'; worlds='" + worlds + "'\" '" +
+                                script.string() + "'";
     if (std::system(command.c_str()) != 0) std::cerr << "gnuplot failed; buckets.dat is still there\n";
   }
   std::cout << "\nwrote " << (dir / "results.csv").string() << ", results.json, buckets.dat"
