@@ -75,6 +75,12 @@ bool parse_options(int argc, char** argv, Options& options) {
       "MASTER_ADDR, MASTER_PORT and DDPRUN_RESTART_COUNT, so ddp::init_process_group() with env://\n"
       "just works.",
       "ddprun"};
+  app.footer(
+      "The program and its arguments follow the options (or a `--`):\n"
+      "  ddprun --nproc-per-node 4 --standalone -- ./train --epochs 3\n"
+      "  ddprun --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr 10.0.0.1 ./train\n"
+      "Exit codes: 0 success, 1 a rank or the rendezvous failed, 2 bad input (nothing started),\n"
+      "128+N stopped by signal N. See launch/README.md.");
   std::string nproc = "1";
   app.add_option("--nproc-per-node,--nproc_per_node", nproc, "ranks on this node: a number, 'cpu' or 'gpu'")
       ->capture_default_str();
