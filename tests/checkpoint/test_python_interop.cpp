@@ -118,3 +118,21 @@ torch.save(ddp, sys.argv[0].replace('script.py', 'from_python_ddp.pt'))
 }
 
 }  // namespace
+
+namespace {
+
+// Made by Python (see CMakeLists.txt): Sequential(Linear(2, 3), BatchNorm1d(3)) with known values.
+TEST(PythonFile, TorchSavedOrderedDictLoadsWithoutPython) {
+  torch::nn::Sequential model(torch::nn::Linear(2, 3), torch::nn::BatchNorm1d(3));
+  const auto state = ddp::load_state_dict(std::string(CKPT_TEST_DATA_DIR) + "/python_state_dict.pt");
+  EXPECT_EQ(state.keys(), (std::vector<std::string>{"0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean",
+                                                    "1.running_var", "1.num_batches_tracked"}));
+  ddp::load_state_dict(*model, state);  // strict: no stray names from the OrderedDict rewrite
+  const auto params = model->named_parameters();
+  EXPECT_TRUE(torch::equal(params["0.weight"], torch::arange(6, torch::kFloat).view({3, 2}).mul(0.5)));
+  EXPECT_TRUE(torch::equal(params["0.bias"], torch::tensor({1.0f, 2.0f, 3.0f})));
+  EXPECT_TRUE(torch::equal(model->named_buffers()["1.running_mean"], torch::full({3}, 0.25)));
+  EXPECT_EQ(model->named_buffers()["1.num_batches_tracked"].scalar_type(), torch::kLong);
+}
+
+}  // namespace
