@@ -224,15 +224,25 @@ int run(const Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
+  // CLI11's PositiveNumber prints the whole double range; this names the rule instead.
+  const CLI::Validator positive(
+      [](std::string& text) -> std::string {
+        try {
+          if (std::stod(text) > 0) return "";
+        } catch (const std::exception&) {
+        }
+        return "must be a positive number, got '" + text + "'";
+      },
+      "POSITIVE");
   CLI::App app{"Train a small CNN on Fashion-MNIST with DistributedDataParallel (one process per rank)"};
-  app.add_option("--epochs", options.epochs, "passes over the training set")->check(CLI::PositiveNumber);
-  app.add_option("--batch-size", options.batch_size, "samples per step on each rank")->check(CLI::PositiveNumber);
-  app.add_option("--lr", options.lr, "Adam learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--bucket-cap-mb", options.bucket_cap_mb, "gradient bucket size in MiB")->check(CLI::PositiveNumber);
+  app.add_option("--epochs", options.epochs, "passes over the training set")->check(positive);
+  app.add_option("--batch-size", options.batch_size, "samples per step on each rank")->check(positive);
+  app.add_option("--lr", options.lr, "Adam learning rate")->check(positive);
+  app.add_option("--bucket-cap-mb", options.bucket_cap_mb, "gradient bucket size in MiB")->check(positive);
   app.add_option("--backend", options.backend, "gloo, nccl or auto");
   app.add_option("--seed", options.seed, "model initialization and shuffle seed");
   app.add_option("--data-dir", options.data_dir, "folder with the Fashion-MNIST *-ubyte.gz files");
-  app.add_option("--threads", options.threads, "torch threads per rank")->check(CLI::PositiveNumber);
+  app.add_option("--threads", options.threads, "torch threads per rank")->check(positive);
   app.add_option("--limit-train", options.limit_train, "use only the first N training samples (0: all)");
   app.add_option("--checkpoint-dir", options.checkpoint_dir, "save a checkpoint each epoch and resume from the newest");
   CLI11_PARSE(app, argc, argv);
