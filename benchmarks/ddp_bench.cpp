@@ -401,7 +401,8 @@ int run_rank(const Config& c) {
     }
     if (peer.in_sweep) {
       row["bucket_cap_mb"] = peer.bucket_cap_mb;
-      row["ratio_vs_best_bucket"] = ratio(peer, *best);
+      // Through the default, so the best entry is exactly 1 and every other one is >= 1.
+      row["ratio_vs_best_bucket"] = ratio(peer, ddp_default) / ratio(*best, ddp_default);
     }
     out["peers"].push_back(row);
   }
