@@ -4,10 +4,15 @@
 //  - 2.x : they are c10d::Backend subclasses, wrapped by a c10d::ProcessGroup that dispatches
 //          by device type.
 #include <chrono>
+#include <cstdlib>
+#include <string>
+#include <type_traits>
+#include <utility>
 #include <torch/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 #ifdef DDP_HAVE_NCCL
@@ -40,6 +45,35 @@ inline c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(
 #else
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
 #endif
+}
+
+// TCPStore. 2.2+ has TCPStoreOptions::useLibUV, true by default since 2.4; LibTorch builds without
+// the libuv store backend (Debian trixie's 2.6) then throw "use_libuv was requested but PyTorch was
+// build without libuv support" on every rank. Like torchrun, USE_LIBUV=0 asks for the classic
+// backend; otherwise libuv is tried and, where this LibTorch lacks it, the classic backend is used.
+// Both backends speak the same protocol to clients. (A template so that the useLibUV branch is
+// only compiled where the member exists: 1.13 has none.)
+template <typename T, typename = void>
+struct has_use_libuv : std::false_type {};
+template <typename T>
+struct has_use_libuv<T, std::void_t<decltype(std::declval<T&>().useLibUV)>> : std::true_type {};
+
+template <typename Options = c10d::TCPStoreOptions>
+c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(const std::string& host, Options options) {
+  if constexpr (has_use_libuv<Options>::value) {
+    if (const char* env = std::getenv("USE_LIBUV"); env != nullptr && std::string(env) == "0") {
+      options.useLibUV = false;
+    }
+    if (options.useLibUV) {
+      try {
+        return c10::make_intrusive<c10d::TCPStore>(host, options);
+      } catch (const c10::Error& error) {
+        if (std::string(error.what()).find("without libuv support") == std::string::npos) throw;
+        options.useLibUV = false;
+      }
+    }
+  }
+  return c10::make_intrusive<c10d::TCPStore>(host, options);
 }
 
 inline bool have_nccl() {

@@ -97,11 +97,11 @@ std::string describe_ranks(const std::vector<int>& ranks) {
 // Every rank announces itself, then waits for all others: when one never comes, the error says
 // which ranks were missing instead of a generic store timeout.
 void rendezvous(c10d::Store& store, int rank, int world_size, std::chrono::milliseconds timeout,
-                const std::string& where) {
-  store.set("ddp/rendezvous/rank_" + std::to_string(rank), std::vector<uint8_t>{'1'});
+                const std::string& where, const std::string& stage = "rendezvous") {
+  store.set("ddp/" + stage + "/rank_" + std::to_string(rank), std::vector<uint8_t>{'1'});
   std::vector<std::string> keys;
   for (int r = 0; r < world_size; ++r) {
-    keys.push_back("ddp/rendezvous/rank_" + std::to_string(r));
+    keys.push_back("ddp/" + stage + "/rank_" + std::to_string(r));
   }
   try {
     store.wait(keys, timeout);
@@ -177,7 +177,7 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
     store_options.waitWorkers = false;  // our own rendezvous below names the missing ranks
     store_options.timeout = options.timeout;
     try {
-      store = c10::make_intrusive<c10d::TCPStore>(endpoint.host, store_options);
+      store = compat::make_tcp_store(endpoint.host, store_options);
     } catch (const std::exception& error) {
       std::ostringstream message;
       if (rank == 0) {
@@ -202,13 +202,22 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
   rendezvous(*store, rank, world_size, options.timeout, where);
 
   auto backend_store = c10::make_intrusive<c10d::PrefixStore>(backend, store);
+  ProcessGroupPtr group;
 #ifdef DDP_HAVE_NCCL
   if (backend == "nccl") {
-    return compat::make_nccl_group(backend_store, rank, world_size, options.timeout);
+    group = compat::make_nccl_group(backend_store, rank, world_size, options.timeout);
   }
 #endif
-  return compat::make_gloo_group(backend_store, rank, world_size, options.timeout,
-                                 make_gloo_device(master_host));
+  if (!group) {
+    group = compat::make_gloo_group(backend_store, rank, world_size, options.timeout,
+                                    make_gloo_device(master_host));
+  }
+  // Return only once every rank has finished connecting (like torch.distributed's store-based
+  // barrier): a rank that finishes first and exits at once would otherwise break a peer still in
+  // Gloo's connectFullMesh ("Connection closed by peer").
+  rendezvous(*store, rank, world_size, options.timeout, where + " (after connecting " + backend + ")",
+             "connected");
+  return group;
 }
 
 ProcessGroupPtr init_process_group(const InitOptions& options) {
