@@ -128,8 +128,8 @@ void Reducer::rebuild_buckets_in_observed_order() {
   std::vector<at::Tensor> tensors{order};
   group_->broadcast(tensors)->wait();
   order = order.cpu();
-  std::vector<size_t> agreed(params_.size());
-  for (size_t i = 0; i < agreed.size(); ++i) agreed[i] = static_cast<size_t>(order[i].item<int64_t>());
+  const int64_t* broadcast_order = order.data_ptr<int64_t>();
+  const std::vector<size_t> agreed(broadcast_order, broadcast_order + params_.size());
   build_buckets(agreed);
   rebuilt_ = true;
   ready_order_ = {};
@@ -258,14 +258,17 @@ void Reducer::mark_ready(size_t param, bool used) {
       fail("parameter '" + names_[param] + "' produced a sparse gradient; DistributedDataParallel "
            "reduces dense gradients only (e.g. construct torch::nn::Embedding with sparse(false)).");
     }
+    const bool average = group_->getSize() > 1;  // dividing by a world of one is a wasted pass
     if (options_.gradient_as_bucket_view) {
       if (!grad.is_same(slot)) {  // first iteration, or the optimizer reset grads to undefined
         slot.copy_(grad);
         grad = slot;
       }
-      slot.mul_(bucket.scale);
+      if (average) slot.mul_(bucket.scale);
+    } else if (average) {
+      at::mul_out(slot, grad, bucket.scale);  // copy and pre-divide in one pass
     } else {
-      at::mul_out(slot, grad, bucket.scale);
+      slot.copy_(grad);
     }
     if (track_usage_) used_host_.data_ptr<int32_t>()[param] = 1;
   }
