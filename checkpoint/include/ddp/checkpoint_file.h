@@ -1,8 +1,24 @@
 #pragma once
-// The sealed checkpoint file: a PyTorch zip archive (what torch.save writes, so Python's
-// torch.load reads it) whose zip comment holds an ASCII trailer with the byte count and a CRC-32
-// of everything before it. The checksum covers the whole archive: model state, training state,
-// zip headers and directory.
+// The on-disk format, one file per checkpoint (the same for save_state_dict files):
+//
+//   a PyTorch zip archive, exactly what torch.save / torch::pickle_save write:
+//     <archive>/data.pkl, <archive>/data/<n>   the model's state_dict: a plain dict
+//                                              name -> CPU tensor, no "module." prefix
+//     <archive>/ddp_devices                    "<device> <name>" lines: where each tensor lived
+//                                              when saved (what map_location gets)
+//     <archive>/ddp_training_state             checkpoints only: a torch::serialize archive with
+//                                              epoch, global step, sampler position, world size,
+//                                              metadata, optimizer type/device, per-rank RNG states
+//     <archive>/ddp_optimizer_state            checkpoints only: optimizer.save() archive
+//   whose zip comment (the last bytes of the file) is our ASCII trailer:
+//     "torchddp-checkpoint v1 bytes=<16 hex digits> crc32=<8 hex digits>\n"
+//   bytes = the file size before the trailer; crc32 (zlib's) over all those bytes, so every
+//   record, zip header and the directory is covered.
+//
+// Python: sd = torch.load(path) returns the state_dict (zip readers ignore extra records and the
+// comment); model.load_state_dict(sd) works. Python-saved state_dicts (OrderedDict or dict) load
+// here with ddp::load_state_dict(path).
+// Truncation is detected as a missing trailer (it is written last), anything else by the CRC.
 #include <cstddef>
 #include <optional>
 #include <stdexcept>
