@@ -3,7 +3,8 @@
 set -euo pipefail
 packages=(cmake g++ ninja-build ccache pkg-config zlib1g-dev
           libtorch-dev libgloo-dev libfmt-dev libgtest-dev libgmock-dev libcli11-dev
-          nlohmann-json3-dev dataset-fashion-mnist gnuplot-nox procps iproute2)
+          nlohmann-json3-dev dataset-fashion-mnist gnuplot-nox procps iproute2
+          python3-torch)  # python3-torch: the checkpoint test that Python reads our files
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
