@@ -52,15 +52,20 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   build_buckets(order);
 }
 
+// Hooks every parameter's gradient accumulator that does not carry our hook yet. Called again
+// after module.to(): set_data() with a new dtype or device replaces the accumulator.
 void Reducer::register_hooks() {
   std::weak_ptr<Reducer> weak = weak_from_this();
+  grad_accumulators_.resize(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
+    if (accumulator == grad_accumulators_[i]) continue;
+    if (grad_accumulators_[i]) param_of_accumulator_.erase(grad_accumulators_[i].get());
     param_of_accumulator_[accumulator.get()] = i;
     compat::add_post_hook(*accumulator, [weak, i] {
       if (auto reducer = weak.lock()) reducer->on_gradient_ready(i);
     });
-    grad_accumulators_.push_back(std::move(accumulator));
+    grad_accumulators_[i] = std::move(accumulator);
   }
 }
 
@@ -118,6 +123,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
 void Reducer::reallocate_buckets() {
   std::lock_guard<std::mutex> lock(mutex_);
   build_buckets(bucket_order_);
+  register_hooks();
 }
 
 // Buckets are rebuilt once, in the order gradients really arrived in the first iteration, so each

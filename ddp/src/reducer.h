@@ -49,7 +49,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void prepare_for_backward(bool sync, const std::vector<at::Tensor>& outputs);
   // Whether prepare_for_backward needs the forward's outputs.
   bool wants_outputs() const;
-  // Re-allocates bucket storage after the parameters moved (module.to(device/dtype)).
+  // Re-allocates bucket storage and re-hooks replaced gradient accumulators after the
+  // parameters moved (module.to(device/dtype)).
   void reallocate_buckets();
 
   ReducerStats stats() const;

@@ -84,6 +84,28 @@ DDP_WORKER(device_ids_cpu) {
 }
 TEST(MultiDevice, DeviceIdsAndOutputDevice) { EXPECT_WORKERS_OK(run_workers("device_ids_cpu", 2)); }
 
+// to(): the module moves (here to double) and the buckets follow the parameters.
+DDP_WORKER(move_to_double) {
+  worker_init();
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  torch::manual_seed(9);
+  torch::nn::Linear local(4, 3), reference(4, 3);
+  ddp::DistributedDataParallel model(local);
+  copy_parameters(*model.module(), *reference);
+  model.to(torch::kDouble);
+  reference->to(torch::kDouble);
+  require(model.parameters()[0].scalar_type() == torch::kDouble, "to() did not reach the parameters");
+  auto x = torch::randn({4, 4}, torch::kDouble);
+  model.forward(x.narrow(0, rank * 4 / world, 4 / world)).pow(2).sum().backward();
+  (reference->forward(x).pow(2).sum() / world).backward();
+  auto got = model.parameters(), want = reference->parameters();
+  for (size_t i = 0; i < got.size(); ++i) {
+    require(got[i].grad().scalar_type() == torch::kDouble, "gradient not double after to()");
+    require(torch::allclose(got[i].grad(), want[i].grad(), 1e-10, 1e-12), "gradient after to() differs");
+  }
+}
+TEST(MultiDevice, ToMovesParametersAndBuckets) { EXPECT_WORKERS_OK(run_workers("move_to_double", 2)); }
+
 TEST(MultiDevice, MoreThanOneDeviceIdIsRejected) {
   // Checked before any collective, so no process group is needed beyond a world of one.
   const std::string dir = make_temp_dir("ddp_ids_");
