@@ -1,418 +1,246 @@
 // ddp_bench: what does gradient synchronization cost in a C++ training step, and how does
-// torchddp compare with what a C++ user can do instead? (README.md lists the peers.)
+// ddp::DistributedDataParallel ("ours") compare with no communication ("local"), a hand-rolled
+// allreduce after backward ("naive") and PyTorch's own c10d::Reducer ("reducer") at the same
+// bucket sizes? README.md explains the variants, the output and the measured numbers.
 //
-//   ddp_bench --world 1,2 --out bench_out
+//   ddp_bench                 # full run: mlp batch 4, mlp batch 64, resnet batch 32; worlds 1 and 2
+//   ddp_bench --quick         # seconds; what CTest runs
 //
-// The parent forks+execs itself once per rank for each world size (RANK, WORLD_SIZE,
-// MASTER_ADDR, MASTER_PORT in the environment, rendezvous env:// over Gloo). Every rank builds
-// every peer, then runs them in interleaved rounds so machine noise hits all peers alike. Rank 0
-// writes <out>/raw_w<W>.json; the parent merges those into results.csv, results.json and
-// buckets.dat, and draws buckets.png with gnuplot when it can.
+// The parent fork+execs itself once per rank for each job (RANK, WORLD_SIZE, MASTER_ADDR,
+// MASTER_PORT, and DDP_BENCH_JOB saying what to run); ranks meet through env:// over Gloo.
+// Timing job: every variant of one model is built in one process and run in interleaved rounds,
+// so machine noise hits all variants alike. Memory job: one variant alone in fresh processes,
+// so its peak RSS is its own. Rank 0 writes JSON; the parent merges it (report.cpp).
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <iostream>
-#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include <torch/csrc/distributed/c10d/reducer.hpp>
 #include <torch/torch.h>
 
 #include <ddp/ddp.h>
 
+#include "models.h"
+#include "options.h"
+#include "report.h"
+#include "stats.h"
+#include "variants.h"
+
+namespace bench {
 namespace {
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
-struct Config {
-  std::vector<int> worlds{1, 2};
-  int input = 256;
-  int hidden = 1024;
-  int layers = 6;  // hidden layers; 5.5M parameters (21 MiB of gradients) with the defaults
-  int classes = 10;
-  int batch = 16;   // per rank; small, so that synchronization is a visible part of the step
-  int warmup = 2;   // untimed steps per peer (torchddp rebuilds its buckets after the first)
-  int steps = 3;    // timed steps per peer per round
-  int repeats = 6;  // interleaved rounds: short blocks, so load changes hit every peer alike
-  bool sweep = true;
-  bool c10d_reducer = true;
-  int timeout_s = 280;  // for one world size, all ranks
-  std::string out = "ddp_bench_out";
-};
-
 void usage() {
-  std::cout << "usage: ddp_bench [--world 1,2] [--out DIR] [--input N] [--hidden N] [--layers N]\n"
-               "                 [--batch N] [--warmup N] [--steps N] [--repeats N]\n"
-               "                 [--no-sweep] [--no-c10d] [--timeout SECONDS]\n";
+  std::cout <<
+      "usage: ddp_bench [--quick] [--model mlp|resnet] [--batch N] [--configs mlp:4,mlp:64,resnet:32]\n"
+      "                 [--world 1,2] [--caps 0,1,5,25,100] [--view-caps 25] [--warmup N] [--steps N]\n"
+      "                 [--rounds N] [--memory-steps N] [--no-memory] [--mlp-width N] [--mlp-layers N]\n"
+      "                 [--timeout SECONDS] [--out DIR]\n"
+      "  --quick      a small MLP, few steps, worlds 1 and 2 (what CTest runs; under a minute)\n"
+      "  --model      one model at its default batch (mlp 4, resnet 32) instead of the three configs\n"
+      "  --caps       bucket_cap_mb values for reducer and ours; 0 = one bucket per parameter\n"
+      "  --view-caps  bucket sizes for ours_view (gradient_as_bucket_view) and the memory pass\n"
+      "  --rounds     interleaved rounds; each runs --steps timed steps of every variant\n";
 }
 
-std::vector<int> parse_list(const std::string& text) {
-  std::vector<int> values;
+template <typename T>
+std::vector<T> parse_list(const std::string& text) {
+  std::vector<T> values;
   std::stringstream in(text);
-  for (std::string item; std::getline(in, item, ',');) values.push_back(std::stoi(item));
+  for (std::string item; std::getline(in, item, ',');) values.push_back(static_cast<T>(std::stod(item)));
   return values;
 }
 
-Config parse(int argc, char** argv) {
-  Config c;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
+ModelConfig model_config(const std::string& model, int batch) {
+  ModelConfig config;
+  config.model = model;
+  config.batch = batch > 0 ? batch : (model == "resnet" ? 32 : 4);
+  return config;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (const auto& arg : args) {
+    if (arg == "--quick") {  // first, so that later flags can still override it
+      o.quick = true;
+      o.configs = {model_config("mlp", 4)};
+      o.configs[0].mlp_width = 256;
+      o.configs[0].mlp_layers = 4;
+      o.warmup = 2;
+      o.steps = 2;
+      o.rounds = 2;
+      o.memory_steps = 2;
+      o.timeout_s = 60;
+      o.out = "ddp_bench_quick";
+    }
+  }
+  std::string model;
+  int batch = 0, width = 0, layers = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
     auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
-      return argv[++i];
+      if (i + 1 >= args.size()) throw std::invalid_argument(arg + " needs a value");
+      return args[++i];
     };
-    if (arg == "--world") c.worlds = parse_list(value());
-    else if (arg == "--out") c.out = value();
-    else if (arg == "--input") c.input = std::stoi(value());
-    else if (arg == "--hidden") c.hidden = std::stoi(value());
-    else if (arg == "--layers") c.layers = std::stoi(value());
-    else if (arg == "--batch") c.batch = std::stoi(value());
-    else if (arg == "--warmup") c.warmup = std::stoi(value());
-    else if (arg == "--steps") c.steps = std::stoi(value());
-    else if (arg == "--repeats") c.repeats = std::stoi(value());
-    else if (arg == "--timeout") c.timeout_s = std::stoi(value());
-    else if (arg == "--no-sweep") c.sweep = false;
-    else if (arg == "--no-c10d") c.c10d_reducer = false;
+    if (arg == "--quick") continue;
+    else if (arg == "--model") model = value();
+    else if (arg == "--batch") batch = std::stoi(value());
+    else if (arg == "--configs") {
+      o.configs.clear();
+      std::stringstream in(value());
+      for (std::string item; std::getline(in, item, ',');) {
+        const auto colon = item.find(':');
+        o.configs.push_back(model_config(item.substr(0, colon),
+                                         colon == std::string::npos ? 0 : std::stoi(item.substr(colon + 1))));
+      }
+    }
+    else if (arg == "--world") o.worlds = parse_list<int>(value());
+    else if (arg == "--caps") o.caps = parse_list<double>(value());
+    else if (arg == "--view-caps") o.view_caps = parse_list<double>(value());
+    else if (arg == "--warmup") o.warmup = std::stoi(value());
+    else if (arg == "--steps") o.steps = std::stoi(value());
+    else if (arg == "--rounds") o.rounds = std::stoi(value());
+    else if (arg == "--memory-steps") o.memory_steps = std::stoi(value());
+    else if (arg == "--no-memory") o.memory = false;
+    else if (arg == "--mlp-width") width = std::stoi(value());
+    else if (arg == "--mlp-layers") layers = std::stoi(value());
+    else if (arg == "--timeout") o.timeout_s = std::stoi(value());
+    else if (arg == "--out") o.out = value();
     else if (arg == "--help" || arg == "-h") { usage(); std::exit(0); }
-    else throw std::invalid_argument("unknown argument " + arg);
+    else throw std::invalid_argument("unknown argument " + arg + " (see --help)");
   }
-  return c;
-}
-
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+  if (!model.empty()) o.configs = {model_config(model, batch)};
+  else if (batch > 0) for (auto& config : o.configs) config.batch = batch;
+  for (auto& config : o.configs) {
+    if (width > 0) config.mlp_width = width;
+    if (layers > 0) config.mlp_layers = layers;
+  }
+  return o;
 }
 
 // ------------------------------------------------------------------------------------------------
-// The model and the peers
+// Rank jobs
 // ------------------------------------------------------------------------------------------------
 
-struct Mlp : torch::nn::Module {
-  explicit Mlp(const Config& c) {
-    int64_t in = c.input;
-    for (int i = 0; i < c.layers; ++i) {
-      hidden.push_back(register_module("fc" + std::to_string(i), torch::nn::Linear(in, c.hidden)));
-      in = c.hidden;
-    }
-    head = register_module("head", torch::nn::Linear(in, c.classes));
+double ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+}
+
+// All variants of one model, interleaved: per round every variant runs `steps` timed steps, in an
+// order rotated each round, with a barrier before each so the ranks start it together.
+void timing_job(const Options& o, const ModelConfig& config, const ddp::ProcessGroupPtr& group) {
+  const int rank = group->getRank();
+  const int world = group->getSize();
+  const Batch batch = make_batch(config, rank);
+  std::vector<Variant> variants;
+  for (const auto& spec : all_variants(o.caps, o.view_caps)) {
+    variants.push_back(make_variant(spec, make_model(config), batch, group));
   }
-  at::Tensor forward(at::Tensor x) {
-    for (auto& layer : hidden) x = torch::relu(layer->forward(x));
-    return head->forward(x);
+  for (auto& variant : variants) {
+    for (int i = 0; i < o.warmup; ++i) variant.step();  // ours and reducer rebuild buckets here
   }
-  std::vector<torch::nn::Linear> hidden;
-  torch::nn::Linear head{nullptr};
-};
-
-struct Batch {
-  at::Tensor x, y;
-};
-
-// Every peer starts from the same weights, so all do exactly the same arithmetic.
-std::shared_ptr<Mlp> make_model(const Config& c) {
-  torch::manual_seed(1);
-  return std::make_shared<Mlp>(c);
-}
-
-std::shared_ptr<torch::optim::SGD> make_sgd(const std::shared_ptr<Mlp>& model) {
-  return std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-3));
-}
-
-struct Peer {
-  Peer(std::string name, std::string what) : name(std::move(name)), what(std::move(what)) {}
-  std::string name;           // id in the CSV
-  std::string what;           // one line for humans
-  double bucket_cap_mb = 0;   // sweep entries only
-  bool in_sweep = false;
-  std::function<void()> step;           // zero_grad, forward, backward (+ sync), SGD step
-  std::function<int64_t()> buckets;     // collectives per step, where known
-  std::vector<double> times_ms;         // every timed step, all rounds
-  std::vector<double> round_median_ms;  // one per round
-  // copy_in_out only: the time of the copies alone, per timed step (steady_clock around them).
-  std::shared_ptr<std::vector<double>> copy_ms;
-};
-
-Peer no_ddp(const Config& c, const Batch& b) {
-  auto model = make_model(c);
-  auto sgd = make_sgd(model);
-  Peer p{"no_ddp", "no synchronization: each rank trains alone on its local batch"};
-  p.step = [=] {
-    sgd->zero_grad();
-    torch::nn::functional::cross_entropy(model->forward(b.x), b.y).backward();
-    sgd->step();
-  };
-  return p;
-}
-
-// What C++ users write today: after backward, a blocking allreduce of every gradient.
-Peer hand_per_param(const Config& c, const Batch& b, ddp::ProcessGroupPtr pg) {
-  auto model = make_model(c);
-  auto sgd = make_sgd(model);
-  const double world = pg->getSize();
-  Peer p{"hand_per_param", "after backward: one blocking allreduce per parameter, then divide"};
-  p.step = [=] {
-    sgd->zero_grad();
-    torch::nn::functional::cross_entropy(model->forward(b.x), b.y).backward();
-    for (const auto& param : model->parameters()) {
-      at::Tensor grad = param.grad();
-      ddp::all_reduce(grad, c10d::ReduceOp::SUM, pg);
-      grad.div_(world);
+  std::vector<std::vector<double>> times(variants.size()), round_medians(variants.size());
+  const auto started = std::chrono::steady_clock::now();
+  for (int round = 0; round < o.rounds; ++round) {
+    for (size_t k = 0; k < variants.size(); ++k) {
+      const size_t v = (k + static_cast<size_t>(round)) % variants.size();
+      ddp::barrier(group);
+      std::vector<double> steps;
+      for (int s = 0; s < o.steps; ++s) {
+        const auto start = std::chrono::steady_clock::now();
+        variants[v].step();
+        steps.push_back(ms_since(start));
+      }
+      times[v].insert(times[v].end(), steps.begin(), steps.end());
+      round_medians[v].push_back(median(steps));
     }
-    sgd->step();
-  };
-  const auto count = static_cast<int64_t>(model->parameters().size());
-  p.buckets = [count] { return count; };
-  return p;
-}
-
-// The better hand-rolled version: flatten all gradients, one allreduce, copy back.
-Peer hand_flat(const Config& c, const Batch& b, ddp::ProcessGroupPtr pg) {
-  auto model = make_model(c);
-  auto sgd = make_sgd(model);
-  const double world = pg->getSize();
-  Peer p{"hand_flat", "after backward: cat all gradients, one allreduce, copy back"};
-  p.step = [=] {
-    sgd->zero_grad();
-    torch::nn::functional::cross_entropy(model->forward(b.x), b.y).backward();
-    const auto params = model->parameters();
-    std::vector<at::Tensor> grads;
-    for (const auto& param : params) grads.push_back(param.grad().reshape({-1}));
-    at::Tensor flat = torch::cat(grads);
-    ddp::all_reduce(flat, c10d::ReduceOp::SUM, pg);
-    flat.div_(world);
-    int64_t offset = 0;
-    for (const auto& param : params) {
-      param.grad().view({-1}).copy_(flat.narrow(0, offset, param.numel()));
-      offset += param.numel();
+    if (rank == 0) {
+      std::cerr << config.label() << " world " << world << ": round " << round + 1 << "/" << o.rounds << ", "
+                << static_cast<int>(ms_since(started) / 1000) << " s\n";
     }
-    sgd->step();
-  };
-  p.buckets = [] { return int64_t{1}; };
-  return p;
-}
-
-// The reducer's copy-mode work with no communication: scale each gradient into a flat buffer,
-// then copy it back. Against no_ddp this isolates the cost of the copies themselves.
-Peer copy_in_out(const Config& c, const Batch& b, ddp::ProcessGroupPtr pg) {
-  auto model = make_model(c);
-  auto sgd = make_sgd(model);
-  const auto params = model->parameters();
-  int64_t total = 0;
-  for (const auto& param : params) total += param.numel();
-  auto flat = torch::zeros({total});
-  auto slots = std::make_shared<std::vector<at::Tensor>>();
-  int64_t offset = 0;
-  for (auto it = params.rbegin(); it != params.rend(); ++it) {  // reverse, like the buckets
-    slots->push_back(flat.narrow(0, offset, it->numel()).view(it->sizes()));
-    offset += it->numel();
   }
-  const auto scale = torch::full({}, 1.0 / pg->getSize());
-  Peer p{"copy_in_out", "no_ddp plus the reducer's copies (grad*1/W into a bucket, then back), no comm"};
-  p.copy_ms = std::make_shared<std::vector<double>>();
-  auto copy_ms = p.copy_ms;
-  p.step = [=] {
-    sgd->zero_grad();
-    torch::nn::functional::cross_entropy(model->forward(b.x), b.y).backward();
-    at::NoGradGuard no_grad;
-    const auto start = std::chrono::steady_clock::now();
-    for (size_t k = 0; k < params.size(); ++k) {
-      at::Tensor slot = (*slots)[k];
-      at::mul_out(slot, params[params.size() - 1 - k].grad(), scale);
-    }
-    for (size_t k = 0; k < params.size(); ++k) params[params.size() - 1 - k].grad().copy_((*slots)[k]);
-    copy_ms->push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-    sgd->step();
-  };
-  return p;
-}
-
-Peer torchddp(const Config& c, const Batch& b, ddp::ProcessGroupPtr pg, ddp::DDPOptions options,
-              std::string name, std::string what) {
-  auto model = make_model(c);
-  auto sgd = make_sgd(model);
-  auto wrapped = std::make_shared<ddp::DistributedDataParallel<Mlp>>(model, pg, options);
-  Peer p{std::move(name), std::move(what)};
-  p.step = [=] {
-    sgd->zero_grad();
-    torch::nn::functional::cross_entropy(wrapped->forward(b.x), b.y).backward();
-    sgd->step();
-  };
-  p.buckets = [wrapped] { return static_cast<int64_t>(wrapped->reduction_stats().buckets.size()); };
-  return p;
-}
-
-// PyTorch's own reducer, driven the way torch/nn/parallel/distributed.py (1.13) drives it:
-// buckets from compute_bucket_assignment_by_size in reverse order, then per iteration
-// prepare_for_forward, rebuild_buckets, forward, prepare_for_backward.
-Peer c10d_reducer(const Config& c, const Batch& b, ddp::ProcessGroupPtr pg) {
-  constexpr int64_t kFirstBucket = 1 << 20;
-  constexpr int64_t kBucket = 25 << 20;
-  auto model = make_model(c);
-  auto sgd = make_sgd(model);
-  const auto params = model->parameters();
-  const std::vector<bool> sparse(params.size(), false);
-  auto [indices, limits] = c10d::compute_bucket_assignment_by_size(
-      params, {static_cast<size_t>(kFirstBucket), static_cast<size_t>(kBucket)}, sparse);
-  std::reverse(indices.begin(), indices.end());
-  std::reverse(limits.begin(), limits.end());
-  const auto initial_buckets = static_cast<int64_t>(indices.size());
-  auto reducer = std::make_shared<c10d::Reducer>(params, indices, limits, pg, sparse, kBucket,
-                                                 /*find_unused_parameters=*/false,
-                                                 /*gradient_as_bucket_view=*/false,
-                                                 std::unordered_map<size_t, std::string>{}, kFirstBucket);
-  Peer p{"c10d_reducer", "PyTorch's c10d::Reducer (what Python DDP runs), default options"};
-  p.step = [=] {
-    sgd->zero_grad();
-    reducer->prepare_for_forward();
-    reducer->rebuild_buckets();  // a no-op after the one rebuild
-    at::Tensor out = model->forward(b.x);
-    reducer->prepare_for_backward({});
-    torch::nn::functional::cross_entropy(out, b.y).backward();
-    sgd->step();
-  };
-  p.buckets = [initial_buckets] { return initial_buckets; };
-  return p;
-}
-
-// ------------------------------------------------------------------------------------------------
-// One rank
-// ------------------------------------------------------------------------------------------------
-
-// Per round, the median of peer p's steps divided by the reference's, then the median over rounds:
-// a slow patch of the machine affects both sides of each ratio.
-double ratio(const Peer& peer, const Peer& reference) {
-  std::vector<double> ratios;
-  for (size_t r = 0; r < peer.round_median_ms.size(); ++r) {
-    ratios.push_back(peer.round_median_ms[r] / reference.round_median_ms[r]);
+  ddp::barrier(group);
+  if (rank != 0) return;
+  json out = {{"model", config.model}, {"batch", config.batch}, {"label", config.label()}, {"world", world},
+              {"parameters", parameter_count(config)}, {"warmup", o.warmup}, {"steps", o.steps},
+              {"rounds", o.rounds}, {"variants", json::array()}};
+  for (size_t v = 0; v < variants.size(); ++v) {
+    const VariantSpec& spec = variants[v].spec;
+    out["variants"].push_back({{"id", spec.id()}, {"kind", spec.kind_name()},
+                               {"bucket_cap_mb", spec.has_buckets() ? json(spec.bucket_cap_mb) : json()},
+                               {"collectives", variants[v].collectives()}, {"times_ms", times[v]},
+                               {"round_median_ms", round_medians[v]}});
   }
-  return median(ratios);
+  std::ofstream(fs::path(o.out) / timing_file(config, world)) << out.dump(1) << "\n";
 }
 
-int run_rank(const Config& c) {
+// A line of /proc/self/status in MiB, e.g. VmHWM (peak resident set) or VmRSS.
+double proc_status_mib(const std::string& field) {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(field + ":", 0) == 0) return std::stod(line.substr(field.size() + 1)) / 1024.0;  // kB
+  }
+  return std::nan("");
+}
+
+// One variant alone: build model and data, reset the peak RSS to the current RSS (Linux:
+// clear_refs 5), then build the variant and train a few steps; what the peak rose by is what this
+// variant's gradients, buckets and activations cost on top of the model and data.
+void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& spec,
+                const ddp::ProcessGroupPtr& group) {
+  auto model = make_model(config);
+  const Batch batch = make_batch(config, group->getRank());
+  ddp::barrier(group);
+  const bool reset = static_cast<bool>(std::ofstream("/proc/self/clear_refs") << "5");
+  const double baseline = reset ? proc_status_mib("VmRSS") : proc_status_mib("VmHWM");
+  Variant variant = make_variant(spec, model, batch, group);
+  for (int i = 0; i < o.warmup + o.memory_steps; ++i) variant.step();
+  const double peak = proc_status_mib("VmHWM");
+  ddp::barrier(group);
+  if (group->getRank() != 0) return;
+  json out = {{"id", spec.id()}, {"baseline_rss_mib", baseline}, {"peak_rss_mib", peak},
+              {"peak_rss_delta_mib", peak - baseline}, {"hwm_reset", reset}};
+  std::ofstream(fs::path(o.out) / memory_file(config, group->getSize(), spec)) << out.dump(1) << "\n";
+}
+
+int run_rank(const Options& o) {
   torch::set_num_threads(1);
   ddp::InitOptions init;
   init.backend = "gloo";
   init.init_method = "env://";
-  init.timeout = std::chrono::seconds(c.timeout_s);
-  auto pg = ddp::init_process_group(init);
-  const int rank = pg->getRank();
-  const int world = pg->getSize();
-
-  torch::manual_seed(100 + rank);  // each rank its own shard of data
-  const Batch batch{torch::randn({c.batch, c.input}), torch::randint(c.classes, {c.batch})};
-
-  std::vector<Peer> peers;
-  peers.push_back(no_ddp(c, batch));
-  peers.push_back(copy_in_out(c, batch, pg));
-  peers.push_back(hand_per_param(c, batch, pg));
-  peers.push_back(hand_flat(c, batch, pg));
-  peers.push_back(torchddp(c, batch, pg, ddp::DDPOptions(), "torchddp",
-                           "ddp::DistributedDataParallel, default options (25 MiB buckets, first 1 MiB)"));
-  peers.back().in_sweep = true;
-  peers.back().bucket_cap_mb = 25;
-  peers.push_back(torchddp(c, batch, pg, ddp::DDPOptions().gradient_as_bucket_view(true), "torchddp_view",
-                           "torchddp with gradient_as_bucket_view(true)"));
-  if (c.c10d_reducer) peers.push_back(c10d_reducer(c, batch, pg));
-  if (c.sweep) {
-    for (double cap : {0.25, 1.0, 5.0, 100.0}) {
-      std::ostringstream name;
-      name << "torchddp_cap_" << cap;
-      peers.push_back(torchddp(c, batch, pg, ddp::DDPOptions().bucket_cap_mb(cap), name.str(),
-                               "torchddp, bucket_cap_mb=" + name.str().substr(13)));
-      peers.back().in_sweep = true;
-      peers.back().bucket_cap_mb = cap;
-    }
+  init.timeout = std::chrono::seconds(o.timeout_s);
+  auto group = ddp::init_process_group(init);
+  fs::create_directories(o.out);
+  const char* job = std::getenv("DDP_BENCH_JOB");
+  if (job == nullptr) {  // started by ddprun or torchrun: time every config
+    for (const auto& config : o.configs) timing_job(o, config, group);
+    return 0;
   }
-
-  const auto started = std::chrono::steady_clock::now();
-  for (auto& peer : peers) {
-    for (int i = 0; i < c.warmup; ++i) peer.step();
-  }
-  for (int round = 0; round < c.repeats; ++round) {
-    // Rotate the order each round so no peer always runs right after the same neighbour.
-    for (size_t k = 0; k < peers.size(); ++k) {
-      Peer& peer = peers[(k + round) % peers.size()];
-      ddp::barrier(pg);
-      std::vector<double> times;
-      for (int s = 0; s < c.steps; ++s) {
-        const auto start = std::chrono::steady_clock::now();
-        peer.step();
-        times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-      }
-      peer.times_ms.insert(peer.times_ms.end(), times.begin(), times.end());
-      if (peer.copy_ms && round == 0 && peer.copy_ms->size() > static_cast<size_t>(c.steps)) {
-        peer.copy_ms->erase(peer.copy_ms->begin(), peer.copy_ms->end() - c.steps);  // drop warm-up
-      }
-      peer.round_median_ms.push_back(median(times));
-    }
-    if (rank == 0) {
-      std::cerr << "world " << world << ": round " << round + 1 << "/" << c.repeats << " done, "
-                << static_cast<int>(std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count())
-                << " s\n";
-    }
-  }
-  ddp::barrier(pg);
-  if (rank != 0) return 0;
-
-  const Peer& base = peers[0];
-  const Peer& ddp_default = peers[4];
-  // The best bucket size: the lowest ratio against the default, the same measure that is reported.
-  const Peer* best = nullptr;
-  for (const auto& peer : peers) {
-    if (peer.in_sweep && (!best || ratio(peer, ddp_default) < ratio(*best, ddp_default))) best = &peer;
-  }
-  int64_t numel = 0;
-  for (const auto& param : make_model(c)->parameters()) numel += param.numel();
-  json out;
-  out["world"] = world;
-  out["parameters"] = numel;
-  out["config"] = {{"input", c.input}, {"hidden", c.hidden}, {"layers", c.layers}, {"classes", c.classes},
-                   {"batch_per_rank", c.batch}, {"warmup", c.warmup}, {"steps", c.steps},
-                   {"repeats", c.repeats}, {"torch_threads", 1}};
-  for (const auto& peer : peers) {
-    json row = {{"peer", peer.name},
-                {"what", peer.what},
-                {"median_ms", median(peer.times_ms)},
-                {"ratio_vs_no_ddp", ratio(peer, base)},
-                {"ratio_vs_torchddp", ratio(peer, ddp_default)}};
-    if (peer.buckets) row["collectives_per_step"] = peer.buckets();
-    if (peer.copy_ms) {
-      row["copy_only_median_ms"] = median(*peer.copy_ms);
-      row["copy_fraction_of_no_ddp_step"] = median(*peer.copy_ms) / median(base.times_ms);
-    }
-    if (peer.in_sweep) {
-      row["bucket_cap_mb"] = peer.bucket_cap_mb;
-      // Through the default, so the best entry is exactly 1 and every other one is >= 1.
-      row["ratio_vs_best_bucket"] = ratio(peer, ddp_default) / ratio(*best, ddp_default);
-    }
-    out["peers"].push_back(row);
-  }
-  fs::create_directories(c.out);
-  std::ofstream(fs::path(c.out) / ("raw_w" + std::to_string(world) + ".json")) << out.dump(2) << "\n";
+  const ModelConfig& config = o.configs.at(std::stoul(std::getenv("DDP_BENCH_CONFIG")));
+  const std::string what = job;
+  if (what == "time") timing_job(o, config, group);
+  else memory_job(o, config, parse_variant(what.substr(what.find(':') + 1)), group);
   return 0;
 }
 
 // ------------------------------------------------------------------------------------------------
-// The parent: spawn ranks, merge, plot
+// The parent: spawn ranks per job
 // ------------------------------------------------------------------------------------------------
 
 // A port the kernel just handed out; free again by the time the ranks bind it (almost always).
@@ -432,7 +260,7 @@ int free_port() {
 }
 
 // Forks+execs this program once per rank; a rank that fails or a run past the timeout ends all.
-bool spawn_world(int world, const Config& c, char** argv) {
+bool spawn_world(int world, const std::string& job, size_t config_index, const Options& o, char** argv) {
   const std::string port = std::to_string(free_port());
   std::vector<pid_t> children;
   for (int rank = 0; rank < world; ++rank) {
@@ -444,6 +272,8 @@ bool spawn_world(int world, const Config& c, char** argv) {
       setenv("MASTER_ADDR", "127.0.0.1", 1);
       setenv("MASTER_PORT", port.c_str(), 1);
       setenv("OMP_NUM_THREADS", "1", 1);  // one compute thread per rank
+      setenv("DDP_BENCH_JOB", job.c_str(), 1);
+      setenv("DDP_BENCH_CONFIG", std::to_string(config_index).c_str(), 1);
       execv("/proc/self/exe", argv);
       std::perror("execv");
       _exit(127);
@@ -451,7 +281,7 @@ bool spawn_world(int world, const Config& c, char** argv) {
     if (pid < 0) throw std::runtime_error("fork failed");
     children.push_back(pid);
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(c.timeout_s);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.timeout_s);
   bool ok = true;
   bool killed = false;
   size_t running = children.size();
@@ -462,10 +292,10 @@ bool spawn_world(int world, const Config& c, char** argv) {
       --running;
       if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ok = false;
     } else if (std::chrono::steady_clock::now() > deadline) {
-      std::cerr << "world " << world << ": timed out after " << c.timeout_s << " s\n";
+      std::cerr << job << " at world " << world << ": timed out after " << o.timeout_s << " s\n";
       ok = false;
     } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     if (!ok && !killed) {  // stop the others rather than wait for their collectives to time out
       for (pid_t child : children) kill(child, SIGTERM);
@@ -475,110 +305,55 @@ bool spawn_world(int world, const Config& c, char** argv) {
   return ok;
 }
 
-std::string utc_now() {
-  const std::time_t now = std::time(nullptr);
-  char text[32];
-  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return text;
-}
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+// Memory is measured at the largest world size for the variants that differ in what they hold.
+std::vector<VariantSpec> memory_variants(const Options& o) {
+  std::vector<VariantSpec> specs{{Kind::local}, {Kind::naive}};
+  for (double cap : o.view_caps) {
+    specs.push_back({Kind::reducer, cap});
+    specs.push_back({Kind::ours, cap});
+    specs.push_back({Kind::ours_view, cap});
   }
-  return "unknown";
+  return specs;
 }
 
-std::string fmt(double value, int digits = 3) {
-  std::ostringstream out;
-  out.setf(std::ios::fixed);
-  out.precision(digits);
-  out << value;
-  return out.str();
-}
-
-void merge_and_plot(const Config& c) {
-  const fs::path dir(c.out);
-  json all = {{"date", utc_now()},
-              {"machine", {{"cpu", cpu_model()}, {"cores", std::thread::hardware_concurrency()}}},
-              {"runs", json::array()}};
-  std::ofstream csv(dir / "results.csv");
-  csv << "world,peer,bucket_cap_mb,collectives_per_step,median_ms,ratio_vs_no_ddp,ratio_vs_torchddp,"
-         "ratio_vs_best_bucket\n";
-  std::ofstream dat(dir / "buckets.dat");
-  for (int world : c.worlds) {
-    std::ifstream raw(dir / ("raw_w" + std::to_string(world) + ".json"));
-    if (!raw) continue;
-    const json run = json::parse(raw);
-    all["runs"].push_back(run);
-    std::cout << "\nworld " << world << " (" << run["parameters"] << " parameters, batch " << c.batch
-              << " per rank)\n";
-    std::printf("  %-22s %10s %10s %10s %10s\n", "peer", "median_ms", "vs_no_ddp", "vs_torchddp", "vs_best_bkt");
-    dat << "# world " << world << ": bucket_cap_mb, step time / best\n";
-    for (const auto& row : run["peers"]) {
-      const bool sweep = row.contains("bucket_cap_mb");
-      csv << world << ',' << row["peer"].get<std::string>() << ','
-          << (sweep ? fmt(row["bucket_cap_mb"].get<double>(), 2) : "") << ','
-          << (row.contains("collectives_per_step") ? std::to_string(row["collectives_per_step"].get<int64_t>()) : "")
-          << ',' << fmt(row["median_ms"].get<double>()) << ',' << fmt(row["ratio_vs_no_ddp"].get<double>()) << ','
-          << fmt(row["ratio_vs_torchddp"].get<double>()) << ','
-          << (sweep ? fmt(row["ratio_vs_best_bucket"].get<double>()) : "") << '\n';
-      std::printf("  %-22s %10.2f %10.3f %10.3f %10s\n", row["peer"].get<std::string>().c_str(),
-                  row["median_ms"].get<double>(), row["ratio_vs_no_ddp"].get<double>(),
-                  row["ratio_vs_torchddp"].get<double>(),
-                  sweep ? fmt(row["ratio_vs_best_bucket"].get<double>()).c_str() : "");
+int run_parent(const Options& o, char** argv) {
+  const std::string load_at_start = load_average();
+  fs::create_directories(o.out);
+  for (const auto& entry : fs::directory_iterator(o.out)) {
+    if (entry.path().extension() == ".json" && entry.path().filename().string().rfind("raw_", 0) == 0) {
+      fs::remove(entry.path());  // stale rank output from an earlier run must not be merged
     }
-    for (const auto& row : run["peers"]) {
-      if (row.contains("copy_only_median_ms")) {
-        std::printf("  copies alone (grad*1/W into a bucket and back): %.2f ms = %.1f%% of a no_ddp step\n",
-                    row["copy_only_median_ms"].get<double>(), 100 * row["copy_fraction_of_no_ddp_step"].get<double>());
-      }
-    }
-    // One gnuplot data block per world size, rows sorted by bucket size.
-    std::vector<std::pair<double, double>> points;
-    for (const auto& row : run["peers"]) {
-      if (row.contains("bucket_cap_mb")) {
-        points.emplace_back(row["bucket_cap_mb"].get<double>(), row["ratio_vs_best_bucket"].get<double>());
-      }
-    }
-    std::sort(points.begin(), points.end());
-    for (const auto& [cap, r] : points) dat << cap << ' ' << r << '\n';
-    dat << "\n\n";
   }
-  dat.close();
-  std::ofstream(dir / "results.json") << all.dump(2) << "\n";
-
-  const fs::path script = fs::path(DDP_BENCH_SOURCE_DIR) / "plot_buckets.gp";
-  if (c.sweep && fs::exists(script)) {
-    std::string worlds;
-    for (int world : c.worlds) worlds += std::to_string(world) + " ";
-    const std::string command = "gnuplot -e \"datafile='" + (dir / "buckets.dat").string() + "'; outfile='" +
-                                (dir / "buckets.png").string() + "'; worlds='" + worlds + "'\" '" +
-                                script.string() + "'";
-    if (std::system(command.c_str()) != 0) std::cerr << "gnuplot failed; buckets.dat is still there\n";
-  }
-  std::cout << "\nwrote " << (dir / "results.csv").string() << ", results.json, buckets.dat"
-            << (c.sweep ? ", buckets.png" : "") << "\n";
-}
-
-}  // namespace
-
-int main(int argc, char** argv) {
-  try {
-    const Config config = parse(argc, argv);
-    if (std::getenv("RANK") != nullptr) return run_rank(config);  // spawned by us, ddprun or torchrun
-    fs::create_directories(config.out);
-    for (int world : config.worlds) {
-      fs::remove(fs::path(config.out) / ("raw_w" + std::to_string(world) + ".json"));
-      std::cerr << "world " << world << ": starting " << world << " rank(s)\n";
-      if (!spawn_world(world, config, argv)) {
-        std::cerr << "world " << world << " failed\n";
+  const int memory_world = *std::max_element(o.worlds.begin(), o.worlds.end());
+  for (size_t c = 0; c < o.configs.size(); ++c) {
+    for (int world : o.worlds) {
+      std::cerr << o.configs[c].label() << ": timing at world " << world << "\n";
+      if (!spawn_world(world, "time", c, o, argv)) {
+        std::cerr << "ddp_bench: the timing job failed\n";
         return 1;
       }
     }
-    merge_and_plot(config);
-    return 0;
+    if (!o.memory) continue;
+    for (const auto& spec : memory_variants(o)) {
+      std::cerr << o.configs[c].label() << ": peak memory of " << spec.id() << " alone at world " << memory_world
+                << "\n";
+      if (!spawn_world(memory_world, "memory:" + spec.id(), c, o, argv)) {
+        std::cerr << "ddp_bench: the memory job failed\n";
+        return 1;
+      }
+    }
+  }
+  return write_report(o, load_at_start) ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace bench
+
+int main(int argc, char** argv) {
+  try {
+    const bench::Options options = bench::parse(argc, argv);
+    if (std::getenv("RANK") != nullptr) return bench::run_rank(options);  // spawned by us, ddprun or torchrun
+    return bench::run_parent(options, argv);
   } catch (const std::exception& error) {
     std::cerr << "ddp_bench: " << error.what() << "\n";
     return 1;

@@ -1,0 +1,27 @@
+# Runs `ddp_bench --quick` and checks what it promises: exit 0 (which ddp_bench only gives when
+# every variant has a positive finite median and every memory job reported), the summary's ratio
+# labels, and the output files. Usage: cmake -DBENCH=path/to/ddp_bench -DOUT=dir -P check_quick.cmake
+file(REMOVE_RECURSE ${OUT})
+execute_process(COMMAND ${BENCH} --quick --out ${OUT}
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 110)
+message("${out}")
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "ddp_bench --quick failed (${rc}):\n${err}")
+endif()
+foreach(label "ours/reducer" "ours/local" "overlap" "peak RSS")
+  string(FIND "${out}" "${label}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "the summary does not print '${label}'")
+  endif()
+endforeach()
+foreach(file results.csv results.json steps_mlp_b4_w1.png steps_mlp_b4_w2.png)
+  if(NOT EXISTS ${OUT}/${file})
+    message(FATAL_ERROR "ddp_bench --quick did not write ${file}")
+  endif()
+endforeach()
+# One CSV row per variant and world: 3 + 2 x 5 bucket sizes + 1 = 14 per world.
+file(STRINGS ${OUT}/results.csv rows REGEX "^mlp,")
+list(LENGTH rows count)
+if(NOT count EQUAL 28)
+  message(FATAL_ERROR "expected 28 result rows (14 variants x worlds 1 and 2), got ${count}")
+endif()

@@ -1,0 +1,278 @@
+#include "report.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "stats.h"
+
+namespace bench {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+// Per round, the median step of `a` over the median step of `b` in the same round, then the median
+// over rounds: a slow patch of the machine slows both sides of each ratio.
+double ratio(const json& a, const json& b) {
+  const auto ra = a["round_median_ms"].get<std::vector<double>>();
+  const auto rb = b["round_median_ms"].get<std::vector<double>>();
+  std::vector<double> ratios;
+  for (size_t r = 0; r < ra.size() && r < rb.size(); ++r) ratios.push_back(ra[r] / rb[r]);
+  return median(ratios);
+}
+
+// The share of the naive variant's communication time that a bucketed engine hides, from ratios
+// against local: naive costs N x local (N - 1 of it communication, done after backward); the
+// engine costs E x local; (N - E) / (N - 1) is 1 when all of it is hidden, 0 when none is. Clamped
+// to [0, 1] (noise, or fewer collectives than naive, can push it out); NaN when naive is within 5%
+// of local, i.e. there is no communication to hide.
+double overlap(double naive_over_local, double engine_over_local) {
+  if (!(naive_over_local - 1 > 0.05)) return std::nan("");
+  return std::clamp((naive_over_local - engine_over_local) / (naive_over_local - 1), 0.0, 1.0);
+}
+
+std::string fixed(double value, int digits = 3) {
+  if (!std::isfinite(value)) return "n/a";
+  std::ostringstream out;
+  out.setf(std::ios::fixed);
+  out.precision(digits);
+  out << value;
+  return out.str();
+}
+
+json number_or_null(double value) { return std::isfinite(value) ? json(value) : json(); }
+
+std::string cap_label(double cap) { return cap == 0 ? "0 (per param)" : fixed(cap, cap == std::floor(cap) ? 0 : 2); }
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  return text;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown";
+}
+
+// One (model, world) timing job: a row per variant with its statistics and ratios.
+json analyse(const json& raw, const std::map<std::string, double>& memory) {
+  std::map<std::string, json> by_id;
+  for (const auto& v : raw["variants"]) by_id[v["id"].get<std::string>()] = v;
+  const json& local = by_id.at("local");
+  // In a world of one there is no communication to hide.
+  const double naive_over_local = raw["world"] == 1 ? std::nan("") : ratio(by_id.at("naive"), local);
+  json rows = json::array();
+  for (const auto& v : raw["variants"]) {
+    const auto times = v["times_ms"].get<std::vector<double>>();
+    const std::string id = v["id"];
+    const std::string kind = v["kind"];
+    json row = {{"model", raw["model"]}, {"batch", raw["batch"]}, {"world", raw["world"]}, {"variant", kind},
+                {"bucket_cap_mb", v["bucket_cap_mb"]}, {"collectives", v["collectives"]},
+                {"median_ms", number_or_null(median(times))}, {"p25_ms", number_or_null(quantile(times, 0.25))},
+                {"p75_ms", number_or_null(quantile(times, 0.75))}, {"steps", times.size()}};
+    const double vs_local = ratio(v, local);
+    row["ratio_vs_local"] = number_or_null(vs_local);
+    if (!v["bucket_cap_mb"].is_null()) {
+      std::ostringstream reducer_id;
+      reducer_id << "reducer@" << v["bucket_cap_mb"].get<double>();
+      const auto reducer = by_id.find(reducer_id.str());
+      if (kind != "reducer" && reducer != by_id.end()) row["ratio_vs_reducer"] = ratio(v, reducer->second);
+      row["overlap_efficiency"] = number_or_null(overlap(naive_over_local, vs_local));
+    }
+    const auto mem = memory.find(id);
+    if (mem != memory.end()) row["peak_rss_delta_mib"] = mem->second;
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+const json* find_row(const json& rows, const std::string& variant, double cap = -1) {
+  for (const auto& row : rows) {
+    if (row["variant"] != variant) continue;
+    if (cap < 0 || (!row["bucket_cap_mb"].is_null() && row["bucket_cap_mb"].get<double>() == cap)) return &row;
+  }
+  return nullptr;
+}
+
+double get(const json* row, const char* field) {
+  return row && row->contains(field) && !(*row)[field].is_null() ? (*row)[field].get<double>() : std::nan("");
+}
+
+void print_summary(const json& raw, const json& rows, const Options& o) {
+  const double gradient_mb = raw["parameters"].get<double>() * 4 / 1e6;
+  std::printf("\n== %s, world %d: %s parameters (%.1f MB of fp32 gradients), batch %d per rank; "
+              "%d rounds x %d steps ==\n",
+              raw["label"].get<std::string>().c_str(), raw["world"].get<int>(),
+              std::to_string(raw["parameters"].get<int64_t>()).c_str(), gradient_mb, raw["batch"].get<int>(),
+              raw["rounds"].get<int>(), raw["steps"].get<int>());
+  std::printf("  %-12s %9s %9s %9s %11s %12s\n", "variant", "median", "p25", "p75", "collectives", "x/local");
+  for (const char* name : {"local", "naive", "naive_flat"}) {
+    const json* row = find_row(rows, name);
+    std::printf("  %-12s %9.2f %9.2f %9.2f %11lld %12s\n", name, get(row, "median_ms"), get(row, "p25_ms"),
+                get(row, "p75_ms"), static_cast<long long>((*row)["collectives"].get<int64_t>()),
+                fixed(get(row, "ratio_vs_local")).c_str());
+  }
+  std::printf("  %-14s %10s %10s %9s %13s %11s %14s %22s\n", "bucket MiB", "reducer ms", "ours ms",
+              "buckets", "ours/reducer", "ours/local", "reducer/local", "overlap ours/reducer");
+  for (double cap : o.caps) {
+    const json* reducer = find_row(rows, "reducer", cap);
+    const json* ours = find_row(rows, "ours", cap);
+    const std::string buckets = std::to_string((*reducer)["collectives"].get<int64_t>()) + "/" +
+                                std::to_string((*ours)["collectives"].get<int64_t>());
+    const std::string overlaps = fixed(get(ours, "overlap_efficiency"), 2) + " / " +
+                                 fixed(get(reducer, "overlap_efficiency"), 2);
+    std::printf("  %-14s %10.2f %10.2f %9s %13s %11s %14s %22s\n", cap_label(cap).c_str(),
+                get(reducer, "median_ms"), get(ours, "median_ms"), buckets.c_str(),
+                fixed(get(ours, "ratio_vs_reducer")).c_str(), fixed(get(ours, "ratio_vs_local")).c_str(),
+                fixed(get(reducer, "ratio_vs_local")).c_str(), overlaps.c_str());
+  }
+  for (double cap : o.view_caps) {
+    const json* view = find_row(rows, "ours_view", cap);
+    std::printf("  ours_view @%s MiB (gradient_as_bucket_view): %.2f ms, ours_view/reducer %s, ours_view/local %s\n",
+                cap_label(cap).c_str(), get(view, "median_ms"), fixed(get(view, "ratio_vs_reducer")).c_str(),
+                fixed(get(view, "ratio_vs_local")).c_str());
+  }
+}
+
+void print_memory(const json& rows, int world, const Options& o, double gradient_mib) {
+  std::printf("  peak RSS above model+data, each variant alone in fresh ranks at world %d (fp32 gradients: %.1f MiB):\n",
+              world, gradient_mib);
+  const json* local = find_row(rows, "local");
+  for (const auto& row : rows) {
+    if (!row.contains("peak_rss_delta_mib")) continue;
+    std::string name = row["variant"];
+    if (!row["bucket_cap_mb"].is_null()) name += " @" + cap_label(row["bucket_cap_mb"].get<double>());
+    const double delta = row["peak_rss_delta_mib"].get<double>();
+    std::printf("    %-18s %8.1f MiB   (%+.1f MiB vs local = %.2f x gradients)\n", name.c_str(), delta,
+                delta - get(local, "peak_rss_delta_mib"), (delta - get(local, "peak_rss_delta_mib")) / gradient_mib);
+  }
+}
+
+// Columns: index, bucket label, then median/p25/p75 for local, naive, reducer, ours, ours_view.
+void write_plot_data(const fs::path& file, const json& rows, const Options& o) {
+  std::ofstream dat(file);
+  dat << "# index cap local(med p25 p75) naive(...) reducer(...) ours(...) ours_view(...); ? = not run\n";
+  for (size_t i = 0; i < o.caps.size(); ++i) {
+    const double cap = o.caps[i];
+    dat << i << " \"" << (cap == 0 ? std::string("0 (per param)") : cap_label(cap)) << "\"";
+    for (const json* row : {find_row(rows, "local"), find_row(rows, "naive"), find_row(rows, "reducer", cap),
+                            find_row(rows, "ours", cap), find_row(rows, "ours_view", cap)}) {
+      for (const char* field : {"median_ms", "p25_ms", "p75_ms"}) {
+        const double value = get(row, field);
+        dat << ' ' << (std::isfinite(value) ? fixed(value, 3) : "?");
+      }
+    }
+    dat << '\n';
+  }
+}
+
+bool plot(const fs::path& dat, const fs::path& png, const std::string& title) {
+  const fs::path script = fs::path(DDP_BENCH_SOURCE_DIR) / "plot_steps.gp";
+  const std::string command = "gnuplot -e \"datafile='" + dat.string() + "'; outfile='" + png.string() +
+                              "'; plottitle='" + title + "'\" '" + script.string() + "'";
+  return std::system(command.c_str()) == 0 && fs::exists(png);
+}
+
+}  // namespace
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return one + " " + five + " " + fifteen;
+}
+
+bool write_report(const Options& o, const std::string& load_at_start) {
+  const fs::path dir(o.out);
+  bool ok = true;
+  json all = {{"date", utc_now()},
+              {"machine", {{"cpu", cpu_model()}, {"cores", std::thread::hardware_concurrency()}}},
+              {"load_average", {{"start", load_at_start}, {"end", load_average()}}},
+              {"options", {{"worlds", o.worlds}, {"caps", o.caps}, {"view_caps", o.view_caps}, {"warmup", o.warmup},
+                           {"steps", o.steps}, {"rounds", o.rounds}, {"memory_steps", o.memory_steps},
+                           {"torch_threads_per_rank", 1}}},
+              {"rows", json::array()}};
+  std::ofstream csv(dir / "results.csv");
+  csv << "model,batch,world,variant,bucket_cap_mb,collectives,median_ms,p25_ms,p75_ms,steps,ratio_vs_local,"
+         "ratio_vs_reducer,overlap_efficiency,peak_rss_delta_mib\n";
+  std::printf("ours/reducer and ours/local: per round, median step of one over the other; median over rounds.\n"
+              "overlap = (naive - ours) / (naive - local), from those ratios: the share of the naive variant's\n"
+              "communication time that ours (or the reducer) hides; 1 = all, 0 = none, clamped; n/a without\n"
+              "communication to hide (world 1).\n");
+  const int memory_world = *std::max_element(o.worlds.begin(), o.worlds.end());
+  std::vector<std::string> images;
+  for (const auto& config : o.configs) {
+    for (int world : o.worlds) {
+      std::ifstream in(dir / timing_file(config, world));
+      if (!in) {
+        std::cerr << "missing " << timing_file(config, world) << "\n";
+        ok = false;
+        continue;
+      }
+      const json raw = json::parse(in);
+      std::map<std::string, double> memory;
+      if (o.memory && world == memory_world) {
+        for (const auto& spec : all_variants(o.caps, o.view_caps)) {
+          std::ifstream mem(dir / memory_file(config, world, spec));
+          if (mem) memory[spec.id()] = json::parse(mem)["peak_rss_delta_mib"].get<double>();
+        }
+      }
+      const json rows = analyse(raw, memory);
+      for (const auto& row : rows) {
+        const double med = get(&row, "median_ms");
+        if (!(std::isfinite(med) && med > 0)) {
+          std::cerr << "no positive finite median for " << row["variant"] << " in " << config.label() << "\n";
+          ok = false;
+        }
+        auto cell = [&](const char* field, int digits) {
+          return row.contains(field) && !row[field].is_null() ? fixed(row[field].get<double>(), digits) : "";
+        };
+        csv << row["model"].get<std::string>() << ',' << row["batch"] << ',' << row["world"] << ','
+            << row["variant"].get<std::string>() << ',' << cell("bucket_cap_mb", 2) << ',' << row["collectives"]
+            << ',' << cell("median_ms", 3) << ',' << cell("p25_ms", 3) << ',' << cell("p75_ms", 3) << ','
+            << row["steps"] << ',' << cell("ratio_vs_local", 3) << ',' << cell("ratio_vs_reducer", 3) << ','
+            << cell("overlap_efficiency", 3) << ',' << cell("peak_rss_delta_mib", 1) << '\n';
+        all["rows"].push_back(row);
+      }
+      print_summary(raw, rows, o);
+      if (o.memory && world == memory_world) {
+        if (memory.size() < 2 + 3 * o.view_caps.size()) {
+          std::cerr << "memory results missing for " << config.label() << "\n";
+          ok = false;
+        }
+        print_memory(rows, world, o, raw["parameters"].get<double>() * 4 / (1 << 20));
+      }
+      const std::string stem = "steps_" + config.label() + "_w" + std::to_string(world);
+      write_plot_data(dir / (stem + ".dat"), rows, o);
+      const std::string title = config.label() + ", world " + std::to_string(world);
+      if (plot(dir / (stem + ".dat"), dir / (stem + ".png"), title)) images.push_back(stem + ".png");
+      else { std::cerr << "gnuplot failed for " << stem << ".dat\n"; ok = false; }
+    }
+  }
+  all["load_average"]["end"] = load_average();
+  std::ofstream(dir / "results.json") << all.dump(2) << "\n";
+  std::printf("\nload average (1, 5, 15 min): %s at start, %s at end\n", load_at_start.c_str(),
+              load_average().c_str());
+  std::printf("wrote %s, results.json", (dir / "results.csv").string().c_str());
+  for (const auto& image : images) std::printf(", %s", image.c_str());
+  std::printf("\n");
+  std::fflush(stdout);
+  return ok;
+}
+
+}  // namespace bench

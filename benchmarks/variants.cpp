@@ -1,0 +1,193 @@
+#include "variants.h"
+
+#include <algorithm>
+#include <sstream>
+#include <stdexcept>
+
+#include <torch/csrc/distributed/c10d/comm.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+namespace bench {
+namespace {
+
+constexpr int64_t kMiB = 1 << 20;
+
+// PyTorch's default: the first bucket is capped at 1 MiB so the first allreduce starts early.
+// A cap of 0 means one bucket per parameter for both engines, so the first cap is 0 there too
+// (otherwise the first bucket would still gather parameters up to 1 MiB).
+int64_t first_bucket_bytes(double cap_mb) { return cap_mb == 0 ? 0 : kMiB; }
+
+at::Tensor loss(BenchNet& model, const Batch& batch) {
+  return torch::nn::functional::cross_entropy(model.forward(batch.x), batch.y);
+}
+
+Variant local(std::shared_ptr<BenchNet> model, const Batch& batch) {
+  auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-3));
+  Variant v;
+  v.step = [=] {
+    sgd->zero_grad();
+    loss(*model, batch).backward();
+    sgd->step();
+  };
+  v.collectives = [] { return int64_t{0}; };
+  return v;
+}
+
+Variant naive(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::ProcessGroupPtr& group) {
+  auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-3));
+  const auto params = model->parameters();
+  const double world = group->getSize();
+  Variant v;
+  v.step = [=] {
+    sgd->zero_grad();
+    loss(*model, batch).backward();
+    for (const auto& param : params) {
+      at::Tensor grad = param.grad();
+      ddp::all_reduce(grad, c10d::ReduceOp::SUM, group);
+      grad.div_(world);
+    }
+    sgd->step();
+  };
+  const auto count = static_cast<int64_t>(params.size());
+  v.collectives = [count] { return count; };
+  return v;
+}
+
+Variant naive_flat(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::ProcessGroupPtr& group) {
+  auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-3));
+  const auto params = model->parameters();
+  const double world = group->getSize();
+  Variant v;
+  v.step = [=] {
+    sgd->zero_grad();
+    loss(*model, batch).backward();
+    std::vector<at::Tensor> grads;
+    for (const auto& param : params) grads.push_back(param.grad().reshape({-1}));
+    at::Tensor flat = torch::cat(grads);
+    ddp::all_reduce(flat, c10d::ReduceOp::SUM, group);
+    flat.div_(world);
+    int64_t offset = 0;
+    for (const auto& param : params) {
+      param.grad().view({-1}).copy_(flat.narrow(0, offset, param.numel()));
+      offset += param.numel();
+    }
+    sgd->step();
+  };
+  v.collectives = [] { return int64_t{1}; };
+  return v;
+}
+
+Variant ours(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::ProcessGroupPtr& group,
+             double cap_mb, bool view) {
+  auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-3));
+  auto options = ddp::DDPOptions()
+                     .bucket_cap_mb(cap_mb)
+                     .first_bucket_cap_mb(static_cast<double>(first_bucket_bytes(cap_mb)) / kMiB)
+                     .gradient_as_bucket_view(view);
+  auto wrapped = std::make_shared<ddp::DistributedDataParallel<BenchNet>>(model, group, options);
+  Variant v;
+  v.step = [=] {
+    sgd->zero_grad();
+    torch::nn::functional::cross_entropy(wrapped->forward(batch.x), batch.y).backward();
+    sgd->step();
+  };
+  v.collectives = [wrapped] { return static_cast<int64_t>(wrapped->reduction_stats().buckets.size()); };
+  return v;
+}
+
+// Drives c10d::Reducer the way torch/nn/parallel/distributed.py (1.13) does: buckets from
+// compute_bucket_assignment_by_size([first cap, cap]) reversed; per step prepare_for_forward,
+// rebuild_buckets (once, in observed order), buffer broadcast, forward, prepare_for_backward.
+Variant reducer(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::ProcessGroupPtr& group,
+                double cap_mb) {
+  const auto cap = static_cast<size_t>(cap_mb * kMiB);
+  const auto first = static_cast<size_t>(first_bucket_bytes(cap_mb));
+  auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-3));
+  const auto params = model->parameters();
+  const std::vector<bool> sparse(params.size(), false);
+  auto [indices, limits] = c10d::compute_bucket_assignment_by_size(params, {first, cap}, sparse);
+  std::reverse(indices.begin(), indices.end());
+  std::reverse(limits.begin(), limits.end());
+  auto engine = std::make_shared<c10d::Reducer>(params, indices, limits, group, sparse, cap,
+                                                /*find_unused_parameters=*/false,
+                                                /*gradient_as_bucket_view=*/false,
+                                                std::unordered_map<size_t, std::string>{}, first);
+  // Python DDP broadcasts buffers (BatchNorm statistics) from rank 0 before every forward, as ours
+  // does with broadcast_buffers at its default; ours skips it in a world of one, so this does too.
+  const auto buffers = model->buffers();
+  const bool sync_buffers = !buffers.empty() && group->getSize() > 1;
+  constexpr size_t kBroadcastBucket = 250 * kMiB;  // Python DDP's broadcast_bucket_size
+  Variant v;
+  v.step = [=] {
+    sgd->zero_grad();
+    engine->prepare_for_forward();
+    engine->rebuild_buckets();
+    if (sync_buffers) c10d::broadcast_coalesced(group, buffers, kBroadcastBucket, 0);
+    at::Tensor out = model->forward(batch.x);
+    engine->prepare_for_backward({});
+    torch::nn::functional::cross_entropy(out, batch.y).backward();
+    sgd->step();
+  };
+  v.collectives = [engine] { return static_cast<int64_t>(engine->get_grad_buckets(false).size()); };
+  return v;
+}
+
+}  // namespace
+
+std::string VariantSpec::kind_name() const {
+  switch (kind) {
+    case Kind::local: return "local";
+    case Kind::naive: return "naive";
+    case Kind::naive_flat: return "naive_flat";
+    case Kind::reducer: return "reducer";
+    case Kind::ours: return "ours";
+    case Kind::ours_view: return "ours_view";
+  }
+  return "?";
+}
+
+std::string VariantSpec::id() const {
+  if (!has_buckets()) return kind_name();
+  std::ostringstream out;
+  out << kind_name() << '@' << bucket_cap_mb;
+  return out.str();
+}
+
+VariantSpec parse_variant(const std::string& id) {
+  const auto at = id.find('@');
+  const std::string name = id.substr(0, at);
+  VariantSpec spec;
+  if (at != std::string::npos) spec.bucket_cap_mb = std::stod(id.substr(at + 1));
+  for (Kind kind : {Kind::local, Kind::naive, Kind::naive_flat, Kind::reducer, Kind::ours, Kind::ours_view}) {
+    spec.kind = kind;
+    if (spec.kind_name() == name) return spec;
+  }
+  throw std::invalid_argument("unknown variant '" + id + "'");
+}
+
+std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std::vector<double>& view_caps) {
+  std::vector<VariantSpec> specs{{Kind::local}, {Kind::naive}, {Kind::naive_flat}};
+  for (double cap : caps) {
+    specs.push_back({Kind::reducer, cap});
+    specs.push_back({Kind::ours, cap});
+  }
+  for (double cap : view_caps) specs.push_back({Kind::ours_view, cap});
+  return specs;
+}
+
+Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, const Batch& batch,
+                     const ddp::ProcessGroupPtr& group) {
+  Variant v;
+  switch (spec.kind) {
+    case Kind::local: v = local(model, batch); break;
+    case Kind::naive: v = naive(model, batch, group); break;
+    case Kind::naive_flat: v = naive_flat(model, batch, group); break;
+    case Kind::reducer: v = reducer(model, batch, group, spec.bucket_cap_mb); break;
+    case Kind::ours: v = ours(model, batch, group, spec.bucket_cap_mb, false); break;
+    case Kind::ours_view: v = ours(model, batch, group, spec.bucket_cap_mb, true); break;
+  }
+  v.spec = spec;
+  return v;
+}
+
+}  // namespace bench

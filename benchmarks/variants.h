@@ -1,0 +1,46 @@
+#pragma once
+// The variants ddp_bench times: the same training step (zero_grad, forward, cross-entropy
+// backward, SGD step) with different ways of synchronizing gradients. README.md describes each.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ddp/ddp.h>
+
+#include "models.h"
+
+namespace bench {
+
+enum class Kind {
+  local,       // no communication: the lower bound
+  naive,       // after backward, one blocking allreduce per gradient (what C++ users hand-roll)
+  naive_flat,  // after backward, cat all gradients, one allreduce, copy back
+  reducer,     // PyTorch's c10d::Reducer, driven like torch/nn/parallel/distributed.py 1.13
+  ours,        // ddp::DistributedDataParallel
+  ours_view,   // ours with gradient_as_bucket_view(true)
+};
+
+struct VariantSpec {
+  Kind kind = Kind::local;
+  double bucket_cap_mb = -1;  // reducer/ours only; 0 means one bucket per parameter
+  bool has_buckets() const { return bucket_cap_mb >= 0; }
+  std::string kind_name() const;
+  std::string id() const;  // e.g. "ours@25", "local"
+};
+
+// Every kind once, and reducer and ours at each bucket size; ours_view at `view_caps`.
+std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std::vector<double>& view_caps);
+VariantSpec parse_variant(const std::string& id);
+
+struct Variant {
+  VariantSpec spec;
+  std::function<void()> step;
+  std::function<int64_t()> collectives;  // gradient collectives per step (after any rebuild)
+};
+
+// The step works on `model` (which it takes over) and `batch`, synchronizing over `group`.
+Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, const Batch& batch,
+                     const ddp::ProcessGroupPtr& group);
+
+}  // namespace bench
