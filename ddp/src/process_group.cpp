@@ -6,6 +6,10 @@
 #include <sstream>
 #include <stdexcept>
 
+#ifndef _WIN32
+#include <netdb.h>
+#endif
+
 #include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -33,7 +37,8 @@ long parse_int(const std::string& text, const std::string& what, long lo, long h
     used = 0;
   }
   if (used == 0 || used != text.size()) {
-    fail(what + "='" + text + "' is not an integer");
+    fail(what + "='" + text + "' is not an integer (expected a whole number in [" + std::to_string(lo) + ", " +
+         std::to_string(hi) + "])");
   }
   if (value < lo || value > hi) {
     fail(what + "=" + text + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
@@ -66,6 +71,22 @@ Endpoint parse_tcp_endpoint(const std::string& address) {
   }
   endpoint.port = static_cast<int>(parse_int(address.substr(colon + 1), "port in tcp://" + address, 1, 65535));
   return endpoint;
+}
+
+// A host name no resolver knows is a typo, not a slow master: say so at once instead of retrying
+// until the timeout. Transient resolver errors (EAI_AGAIN) are left to the store's own retries.
+// `what` names the setting (it includes the host), `fix` says what to do.
+void check_resolvable(const std::string& host, const std::string& what, const std::string& fix) {
+#ifndef _WIN32
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int status = getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (found != nullptr) freeaddrinfo(found);
+  if (status == EAI_NONAME || status == EAI_FAIL) {
+    fail(what + " cannot be resolved (" + gai_strerror(status) + "): " + fix);
+  }
+#endif
 }
 
 bool is_loopback(const std::string& host) {
@@ -127,16 +148,14 @@ void rendezvous(c10d::Store& store, int rank, int world_size, std::chrono::milli
 
 ProcessGroupPtr new_process_group(const InitOptions& options) {
   // Rank and world size: explicit options win, then torchrun's environment variables.
-  const char* launcher_hint = "set it (ddprun and torchrun do) or pass InitOptions.";
+  const std::string launcher_hint = "set it (ddprun and torchrun do) or pass InitOptions.";
   const int world_size = options.world_size >= 0
       ? options.world_size
-      : static_cast<int>(parse_int(require_env("WORLD_SIZE", std::string("WORLD_SIZE: ") + launcher_hint),
-                                   "WORLD_SIZE", 1, 1 << 20));
+      : static_cast<int>(parse_int(require_env("WORLD_SIZE", launcher_hint + "world_size"), "WORLD_SIZE", 1, 1 << 20));
   if (world_size < 1) fail("world_size=" + std::to_string(world_size) + " must be at least 1");
   const int rank = options.rank >= 0
       ? options.rank
-      : static_cast<int>(parse_int(require_env("RANK", std::string("RANK: ") + launcher_hint),
-                                   "RANK", 0, 1 << 20));
+      : static_cast<int>(parse_int(require_env("RANK", launcher_hint + "rank"), "RANK", 0, 1 << 20));
   if (rank >= world_size) {
     fail("rank " + std::to_string(rank) + " is out of range for world_size " +
          std::to_string(world_size) + " (valid ranks: 0.." + std::to_string(world_size - 1) + ")");
@@ -166,8 +185,12 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
       endpoint.port = static_cast<int>(parse_int(
           require_env("MASTER_PORT", "a free TCP port on rank 0's host, e.g. 29500 (init_method env://)"),
           "MASTER_PORT", 1, 65535));
+      check_resolvable(endpoint.host, "MASTER_ADDR='" + endpoint.host + "'",
+                       "set it to the host name or IP address of rank 0's machine");
     } else {
       endpoint = parse_tcp_endpoint(method.substr(6));
+      check_resolvable(endpoint.host, "host '" + endpoint.host + "' of init_method '" + method + "'",
+                       "use the host name or IP address of rank 0's machine");
     }
     master_host = endpoint.host;
     c10d::TCPStoreOptions store_options;

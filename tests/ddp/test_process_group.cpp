@@ -64,6 +64,24 @@ TEST(ProcessGroup, TcpInitMethod) {
   EXPECT_WORKERS_OK(ddp::test::run_workers("tcp_init_method", 2, options));
 }
 
+// backend "auto" without CUDA is Gloo: the group says so (getBackendName exists on 1.13's
+// ProcessGroupGloo and on 2.x's dispatching ProcessGroup) and a collective works.
+DDP_WORKER(auto_backend) {
+  ddp::InitOptions options;  // backend "auto" is the default
+  options.init_method = "file://" + std::string(std::getenv("DDP_TEST_STORE"));
+  options.timeout = std::chrono::seconds(60);
+  auto pg = ddp::init_process_group(options);
+  require(pg->getBackendName() == "gloo", "backend auto on CPU gave " + pg->getBackendName());
+  auto value = torch::full({2}, static_cast<float>(ddp::get_rank() + 1));
+  ddp::all_reduce(value);
+  require(torch::equal(value, torch::full({2}, 3.0f)), "all_reduce over the auto backend is wrong");
+}
+
+TEST(ProcessGroup, AutoBackendOnCpuIsGloo) {
+  if (torch::cuda::is_available()) GTEST_SKIP() << "CUDA is available: auto may pick nccl here; this tests the CPU case";
+  EXPECT_WORKERS_OK(ddp::test::run_workers("auto_backend", 2));
+}
+
 // A rank that never arrives: the others fail with a message naming it, within the timeout.
 DDP_WORKER(missing_rank) {
   if (ddp::test::worker_rank() == 1) return;  // rank 1 never joins
@@ -107,15 +125,25 @@ TEST(ProcessGroup, UnreachableMasterIsAClearErrorNotAHang) {
 }
 
 // --- bad input, checked in-process (no collective is ever reached) -------------------------------
+// Runs new_process_group with exactly `env` as torchrun's variables, then restores them, so that
+// no later test (or worker it starts) inherits a bad MASTER_PORT.
 std::string init_error(ddp::InitOptions options, std::map<std::string, const char*> env) {
-  for (const char* name : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) unsetenv(name);
+  const char* names[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  std::map<std::string, std::string> saved;
+  for (const char* name : names) {
+    if (const char* value = std::getenv(name)) saved[name] = value;
+    unsetenv(name);
+  }
   for (const auto& [key, value] : env) setenv(key.c_str(), value, 1);
+  std::string message = "no error";
   try {
     ddp::new_process_group(options);
   } catch (const std::exception& error) {
-    return error.what();
+    message = error.what();
   }
-  return "no error";
+  for (const char* name : names) unsetenv(name);
+  for (const auto& [key, value] : saved) setenv(key.c_str(), value.c_str(), 1);
+  return message;
 }
 
 TEST(ProcessGroupBadInput, MissingRank) {
@@ -142,6 +170,63 @@ TEST(ProcessGroupBadInput, InvalidMasterPort) {
   auto message = init_error({"gloo"}, {{"WORLD_SIZE", "1"}, {"RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"},
                                        {"MASTER_PORT", "70000"}});
   EXPECT_NE(message.find("MASTER_PORT=70000 is out of range [1, 65535]"), std::string::npos) << message;
+}
+
+// env:// reads everything from torchrun's variables: each bad one is named, with its value and a fix.
+TEST(ProcessGroupBadInput, EnvMissingWorldSize) {
+  auto message = init_error({"gloo"}, {{"RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}});
+  EXPECT_NE(message.find("WORLD_SIZE is not set: set it (ddprun and torchrun do) or pass InitOptions.world_size"),
+            std::string::npos) << message;
+}
+
+TEST(ProcessGroupBadInput, EnvNonIntegerRank) {
+  auto message = init_error({"gloo"}, {{"WORLD_SIZE", "2"}, {"RANK", "one"}, {"MASTER_ADDR", "127.0.0.1"},
+                                       {"MASTER_PORT", "29500"}});
+  EXPECT_NE(message.find("RANK='one' is not an integer"), std::string::npos) << message;
+  EXPECT_NE(message.find("(expected a whole number in [0, "), std::string::npos) << message;
+}
+
+TEST(ProcessGroupBadInput, EnvNegativeRank) {
+  auto message = init_error({"gloo"}, {{"WORLD_SIZE", "2"}, {"RANK", "-1"}, {"MASTER_ADDR", "127.0.0.1"},
+                                       {"MASTER_PORT", "29500"}});
+  EXPECT_NE(message.find("RANK=-1 is out of range [0, "), std::string::npos) << message;
+}
+
+TEST(ProcessGroupBadInput, EnvMissingMasterPort) {
+  auto message = init_error({"gloo"}, {{"WORLD_SIZE", "1"}, {"RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}});
+  EXPECT_NE(message.find("MASTER_PORT is not set: a free TCP port on rank 0's host, e.g. 29500"), std::string::npos)
+      << message;
+}
+
+// A MASTER_ADDR that no resolver knows (the .invalid TLD is reserved for this): an error naming it
+// at once, not the store's "could not reach the master" after the (2 s) timeout. Run as a worker so
+// a hang would be a failure, not a stall.
+DDP_WORKER(unresolvable_master) {
+  const std::string port = std::to_string(ddp::test::free_port());
+  setenv("MASTER_ADDR", "torchddp-no-such-host.invalid", 1);
+  setenv("MASTER_PORT", port.c_str(), 1);
+  setenv("RANK", "1", 1);
+  setenv("WORLD_SIZE", "2", 1);
+  ddp::InitOptions options;
+  options.backend = "gloo";
+  options.timeout = std::chrono::seconds(2);
+  try {
+    ddp::init_process_group(options);
+  } catch (const std::exception& error) {
+    const std::string message = error.what();
+    require(message.find("MASTER_ADDR='torchddp-no-such-host.invalid' cannot be resolved") != std::string::npos,
+            "message: " + message);
+    require(message.find("set it to the host name or IP address of rank 0's machine") != std::string::npos,
+            "no hint: " + message);
+    return;
+  }
+  ddp::test::fail("init_process_group resolved a .invalid host");
+}
+
+TEST(ProcessGroupBadInput, EnvUnresolvableMasterAddr) {
+  ddp::test::RunOptions options;
+  options.timeout = std::chrono::seconds(30);
+  EXPECT_WORKERS_OK(ddp::test::run_workers("unresolvable_master", 1, options));
 }
 
 TEST(ProcessGroupBadInput, UnknownBackend) {
