@@ -145,6 +145,33 @@ TEST(Cuda, ModelSplitAcrossCpuAndCudaMatchesSingleProcess) {
   EXPECT_WORKERS_OK(run_workers("split_cpu_cuda", 2));
 }
 
+// device_ids puts a CPU-built module on cuda:0 and moves CPU inputs there; output_device brings
+// the output back to the CPU. Gradients (on the GPU) must match one CPU process on the whole batch.
+DDP_WORKER(cuda_device_ids_cpu_output) {
+  worker_init();
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  torch::manual_seed(12);
+  torch::nn::Linear local(4, 3), reference(4, 3);
+  copy_parameters(*local, *reference);
+  const torch::Device gpu("cuda:0");
+  ddp::DistributedDataParallel model(local, ddp::DDPOptions().device_ids({gpu}).output_device(torch::kCPU));
+  require(model->weight.device() == gpu, "device_ids did not move the module to cuda:0");
+  auto x = torch::randn({4, 4}), y = torch::randn({4, 3});
+  auto out = model.forward(x.narrow(0, rank * 4 / world, 4 / world));  // a CPU input
+  require(out.device().is_cpu(), "output is on " + out.device().str() + ", not on output_device cpu");
+  torch::mse_loss(out, y.narrow(0, rank * 4 / world, 4 / world)).backward();
+  torch::mse_loss(reference->forward(x), y).backward();
+  auto got = model.parameters(), want = reference->parameters();
+  for (size_t i = 0; i < got.size(); ++i) {
+    require(got[i].grad().device() == gpu, "gradient left the GPU");
+    require(torch::allclose(got[i].grad().cpu(), want[i].grad(), 1e-5, 1e-6), "gradient differs from one CPU process");
+  }
+}
+TEST(Cuda, DeviceIdsOnGpuWithCpuOutputDevice) {
+  SKIP_WITHOUT_CUDA();
+  EXPECT_WORKERS_OK(run_workers("cuda_device_ids_cpu_output", 2));
+}
+
 DDP_WORKER(nccl_world1) {
   ddp::InitOptions options{"nccl", "file://" + std::string(std::getenv("DDP_TEST_STORE"))};
   ddp::init_process_group(options);
