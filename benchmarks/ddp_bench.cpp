@@ -3,7 +3,7 @@
 // allreduce after backward ("naive") and PyTorch's own c10d::Reducer ("reducer") at the same
 // bucket sizes? README.md explains the variants, the output and the measured numbers.
 //
-//   ddp_bench                 # full run: mlp batch 4, mlp batch 64, resnet batch 32; worlds 1 and 2
+//   ddp_bench                 # full run: mlp batch 4, mlp batch 64, resnet batch 32 at 2 ranks
 //   ddp_bench --quick         # seconds; what CTest runs
 //
 // The parent fork+execs itself once per rank for each job (RANK, WORLD_SIZE, MASTER_ADDR,
@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -47,12 +48,13 @@ namespace fs = std::filesystem;
 
 void usage() {
   std::cout <<
-      "usage: ddp_bench [--quick] [--model mlp|resnet] [--batch N] [--configs mlp:4,mlp:64,resnet:32]\n"
-      "                 [--world 1,2] [--caps 0,1,5,25,100] [--view-caps 25] [--warmup N] [--steps N]\n"
+      "usage: ddp_bench [--quick] [--model mlp|resnet] [--batch N] [--configs mlp:4,mlp:64:3,resnet:32]\n"
+      "                 [--world 2] [--caps 0,1,5,25,100] [--view-caps 25] [--warmup N] [--steps N]\n"
       "                 [--rounds N] [--memory-steps N] [--no-memory] [--mlp-width N] [--mlp-layers N]\n"
       "                 [--timeout SECONDS] [--out DIR]\n"
       "  --quick      a small MLP, few steps, worlds 1 and 2 (what CTest runs; under a minute)\n"
       "  --model      one model at its default batch (mlp 4, resnet 32) instead of the three configs\n"
+      "  --configs    model:batch[:rounds] list (rounds overrides --rounds for that config)\n"
       "  --caps       bucket_cap_mb values for reducer and ours; 0 = one bucket per parameter\n"
       "  --view-caps  bucket sizes for ours_view (gradient_as_bucket_view) and the memory pass\n"
       "  --rounds     interleaved rounds; each runs --steps timed steps of every variant\n";
@@ -66,10 +68,11 @@ std::vector<T> parse_list(const std::string& text) {
   return values;
 }
 
-ModelConfig model_config(const std::string& model, int batch) {
+ModelConfig model_config(const std::string& model, int batch, int rounds = 0) {
   ModelConfig config;
   config.model = model;
   config.batch = batch > 0 ? batch : (model == "resnet" ? 32 : 4);
+  config.rounds = rounds;
   return config;
 }
 
@@ -79,6 +82,7 @@ Options parse(int argc, char** argv) {
   for (const auto& arg : args) {
     if (arg == "--quick") {  // first, so that later flags can still override it
       o.quick = true;
+      o.worlds = {1, 2};
       o.configs = {model_config("mlp", 4)};
       o.configs[0].mlp_width = 256;
       o.configs[0].mlp_layers = 4;
@@ -104,10 +108,12 @@ Options parse(int argc, char** argv) {
     else if (arg == "--configs") {
       o.configs.clear();
       std::stringstream in(value());
-      for (std::string item; std::getline(in, item, ',');) {
-        const auto colon = item.find(':');
-        o.configs.push_back(model_config(item.substr(0, colon),
-                                         colon == std::string::npos ? 0 : std::stoi(item.substr(colon + 1))));
+      for (std::string item; std::getline(in, item, ',');) {  // model[:batch[:rounds]]
+        std::vector<std::string> parts;
+        std::stringstream fields(item);
+        for (std::string part; std::getline(fields, part, ':');) parts.push_back(part);
+        o.configs.push_back(model_config(parts.at(0), parts.size() > 1 ? std::stoi(parts[1]) : 0,
+                                         parts.size() > 2 ? std::stoi(parts[2]) : 0));
       }
     }
     else if (arg == "--world") o.worlds = parse_list<int>(value());
@@ -156,8 +162,9 @@ void timing_job(const Options& o, const ModelConfig& config, const ddp::ProcessG
     for (int i = 0; i < o.warmup; ++i) variant.step();  // ours and reducer rebuild buckets here
   }
   std::vector<std::vector<double>> times(variants.size()), round_medians(variants.size());
+  const int rounds = config.rounds > 0 ? config.rounds : o.rounds;
   const auto started = std::chrono::steady_clock::now();
-  for (int round = 0; round < o.rounds; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     for (size_t k = 0; k < variants.size(); ++k) {
       const size_t v = (k + static_cast<size_t>(round)) % variants.size();
       ddp::barrier(group);
@@ -171,7 +178,7 @@ void timing_job(const Options& o, const ModelConfig& config, const ddp::ProcessG
       round_medians[v].push_back(median(steps));
     }
     if (rank == 0) {
-      std::cerr << config.label() << " world " << world << ": round " << round + 1 << "/" << o.rounds << ", "
+      std::cerr << config.label() << " world " << world << ": round " << round + 1 << "/" << rounds << ", "
                 << static_cast<int>(ms_since(started) / 1000) << " s\n";
     }
   }
@@ -179,7 +186,7 @@ void timing_job(const Options& o, const ModelConfig& config, const ddp::ProcessG
   if (rank != 0) return;
   json out = {{"model", config.model}, {"batch", config.batch}, {"label", config.label()}, {"world", world},
               {"parameters", parameter_count(config)}, {"warmup", o.warmup}, {"steps", o.steps},
-              {"rounds", o.rounds}, {"variants", json::array()}};
+              {"rounds", rounds}, {"variants", json::array()}};
   for (size_t v = 0; v < variants.size(); ++v) {
     const VariantSpec& spec = variants[v].spec;
     out["variants"].push_back({{"id", spec.id()}, {"kind", spec.kind_name()},
@@ -199,23 +206,39 @@ double proc_status_mib(const std::string& field) {
   return std::nan("");
 }
 
-// One variant alone: build model and data, reset the peak RSS to the current RSS (Linux:
-// clear_refs 5), then build the variant and train a few steps; what the peak rose by is what this
-// variant's gradients, buckets and activations cost on top of the model and data.
+// The memory pass's measured steps, in a function of their own so that a profiler can count just
+// them: valgrind --tool=callgrind --collect-atstart=no --toggle-collect='*run_steps*' (README).
+__attribute__((noinline)) void run_steps(Variant& variant, int steps) {
+  for (int i = 0; i < steps; ++i) variant.step();
+}
+
+// Makes VmHWM (the peak resident set) equal to the current RSS again (Linux: clear_refs 5).
+bool reset_peak_rss() { return static_cast<bool>(std::ofstream("/proc/self/clear_refs") << "5"); }
+
+// One variant alone, in fresh ranks. Baseline: the RSS once model and data exist. Then the
+// variant is built and warmed up (construction and the one bucket rebuild happen here); the peak
+// so far is "setup". Then the peak is reset and a few more steps run: that peak is "steady", what
+// the variant holds while it trains. Both are reported above the baseline. The parent starts
+// these ranks with a fixed malloc mmap threshold, so freed tensors go back to the kernel and RSS
+// follows what is really alive.
 void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& spec,
                 const ddp::ProcessGroupPtr& group) {
   auto model = make_model(config);
   const Batch batch = make_batch(config, group->getRank());
   ddp::barrier(group);
-  const bool reset = static_cast<bool>(std::ofstream("/proc/self/clear_refs") << "5");
-  const double baseline = reset ? proc_status_mib("VmRSS") : proc_status_mib("VmHWM");
+  if (!reset_peak_rss()) throw std::runtime_error("cannot reset the peak RSS (/proc/self/clear_refs)");
+  const double baseline = proc_status_mib("VmRSS");
   Variant variant = make_variant(spec, model, batch, group);
-  for (int i = 0; i < o.warmup + o.memory_steps; ++i) variant.step();
-  const double peak = proc_status_mib("VmHWM");
+  for (int i = 0; i < o.warmup; ++i) variant.step();
+  const double setup_peak = proc_status_mib("VmHWM");
+  reset_peak_rss();
+  run_steps(variant, o.memory_steps);
+  const double steady_peak = proc_status_mib("VmHWM");
   ddp::barrier(group);
   if (group->getRank() != 0) return;
-  json out = {{"id", spec.id()}, {"baseline_rss_mib", baseline}, {"peak_rss_mib", peak},
-              {"peak_rss_delta_mib", peak - baseline}, {"hwm_reset", reset}};
+  json out = {{"id", spec.id()}, {"baseline_rss_mib", baseline},
+              {"steady_peak_delta_mib", steady_peak - baseline},
+              {"setup_peak_delta_mib", std::max(setup_peak, steady_peak) - baseline}};
   std::ofstream(fs::path(o.out) / memory_file(config, group->getSize(), spec)) << out.dump(1) << "\n";
 }
 
@@ -274,6 +297,9 @@ bool spawn_world(int world, const std::string& job, size_t config_index, const O
       setenv("OMP_NUM_THREADS", "1", 1);  // one compute thread per rank
       setenv("DDP_BENCH_JOB", job.c_str(), 1);
       setenv("DDP_BENCH_CONFIG", std::to_string(config_index).c_str(), 1);
+      // glibc otherwise raises its mmap threshold as big blocks are freed and keeps freed memory
+      // resident, so the memory pass would see the allocator's history, not the live tensors.
+      if (job.rfind("memory:", 0) == 0) setenv("MALLOC_MMAP_THRESHOLD_", "65536", 1);
       execv("/proc/self/exe", argv);
       std::perror("execv");
       _exit(127);

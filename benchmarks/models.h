@@ -18,6 +18,7 @@ struct ModelConfig {
   int batch = 4;              // per rank
   int mlp_width = 1024;       // the MLP's input and hidden width
   int mlp_layers = 8;         // Linear(width, width) + ReLU layers before the 10-way head
+  int rounds = 0;             // interleaved rounds for this config; 0 = the run's --rounds
   std::string label() const { return model + "_b" + std::to_string(batch); }
 };
 

@@ -70,7 +70,7 @@ std::string cpu_model() {
 }
 
 // One (model, world) timing job: a row per variant with its statistics and ratios.
-json analyse(const json& raw, const std::map<std::string, double>& memory) {
+json analyse(const json& raw, const std::map<std::string, json>& memory) {
   std::map<std::string, json> by_id;
   for (const auto& v : raw["variants"]) by_id[v["id"].get<std::string>()] = v;
   const json& local = by_id.at("local");
@@ -95,7 +95,10 @@ json analyse(const json& raw, const std::map<std::string, double>& memory) {
       row["overlap_efficiency"] = number_or_null(overlap(naive_over_local, vs_local));
     }
     const auto mem = memory.find(id);
-    if (mem != memory.end()) row["peak_rss_delta_mib"] = mem->second;
+    if (mem != memory.end()) {
+      row["peak_rss_steady_mib"] = mem->second["steady_peak_delta_mib"];
+      row["peak_rss_setup_mib"] = mem->second["setup_peak_delta_mib"];
+    }
     rows.push_back(row);
   }
   return rows;
@@ -149,18 +152,26 @@ void print_summary(const json& raw, const json& rows, const Options& o) {
   }
 }
 
-void print_memory(const json& rows, int world, const Options& o, double gradient_mib) {
-  std::printf("  peak RSS above model+data, each variant alone in fresh ranks at world %d (fp32 gradients: %.1f MiB):\n",
-              world, gradient_mib);
+// Memory above local is what synchronization holds: buckets, plus gradients outside them.
+void print_memory(const json& rows, int world, double gradient_mib) {
+  std::printf("  peak RSS above model+data (MiB), each variant alone in fresh ranks at world %d; fp32 gradients: "
+              "%.1f MiB\n", world, gradient_mib);
+  std::printf("    %-16s %8s %22s %8s %22s\n", "variant", "steady", "steady-local (x grads)", "setup",
+              "setup-local (x grads)");
   const json* local = find_row(rows, "local");
   for (const auto& row : rows) {
-    if (!row.contains("peak_rss_delta_mib")) continue;
+    if (!row.contains("peak_rss_steady_mib")) continue;
     std::string name = row["variant"];
     if (!row["bucket_cap_mb"].is_null()) name += " @" + cap_label(row["bucket_cap_mb"].get<double>());
-    const double delta = row["peak_rss_delta_mib"].get<double>();
-    std::printf("    %-18s %8.1f MiB   (%+.1f MiB vs local = %.2f x gradients)\n", name.c_str(), delta,
-                delta - get(local, "peak_rss_delta_mib"), (delta - get(local, "peak_rss_delta_mib")) / gradient_mib);
+    const double steady = get(&row, "peak_rss_steady_mib");
+    const double setup = get(&row, "peak_rss_setup_mib");
+    const double steady_extra = steady - get(local, "peak_rss_steady_mib");
+    const double setup_extra = setup - get(local, "peak_rss_setup_mib");
+    std::printf("    %-16s %8.1f %13.1f (%5.2f x) %8.1f %13.1f (%5.2f x)\n", name.c_str(), steady, steady_extra,
+                steady_extra / gradient_mib, setup, setup_extra, setup_extra / gradient_mib);
   }
+  std::printf("    steady: peak while training after warm-up; setup: peak during construction and the first\n"
+              "    steps (includes the one bucket rebuild)\n");
 }
 
 // Columns: index, bucket label, then median/p25/p75 for local, naive, reducer, ours, ours_view.
@@ -209,7 +220,7 @@ bool write_report(const Options& o, const std::string& load_at_start) {
               {"rows", json::array()}};
   std::ofstream csv(dir / "results.csv");
   csv << "model,batch,world,variant,bucket_cap_mb,collectives,median_ms,p25_ms,p75_ms,steps,ratio_vs_local,"
-         "ratio_vs_reducer,overlap_efficiency,peak_rss_delta_mib\n";
+         "ratio_vs_reducer,overlap_efficiency,peak_rss_steady_mib,peak_rss_setup_mib\n";
   std::printf("ours/reducer and ours/local: per round, median step of one over the other; median over rounds.\n"
               "overlap = (naive - ours) / (naive - local), from those ratios: the share of the naive variant's\n"
               "communication time that ours (or the reducer) hides; 1 = all, 0 = none, clamped; n/a without\n"
@@ -225,11 +236,11 @@ bool write_report(const Options& o, const std::string& load_at_start) {
         continue;
       }
       const json raw = json::parse(in);
-      std::map<std::string, double> memory;
+      std::map<std::string, json> memory;
       if (o.memory && world == memory_world) {
         for (const auto& spec : all_variants(o.caps, o.view_caps)) {
           std::ifstream mem(dir / memory_file(config, world, spec));
-          if (mem) memory[spec.id()] = json::parse(mem)["peak_rss_delta_mib"].get<double>();
+          if (mem) memory[spec.id()] = json::parse(mem);
         }
       }
       const json rows = analyse(raw, memory);
@@ -246,7 +257,8 @@ bool write_report(const Options& o, const std::string& load_at_start) {
             << row["variant"].get<std::string>() << ',' << cell("bucket_cap_mb", 2) << ',' << row["collectives"]
             << ',' << cell("median_ms", 3) << ',' << cell("p25_ms", 3) << ',' << cell("p75_ms", 3) << ','
             << row["steps"] << ',' << cell("ratio_vs_local", 3) << ',' << cell("ratio_vs_reducer", 3) << ','
-            << cell("overlap_efficiency", 3) << ',' << cell("peak_rss_delta_mib", 1) << '\n';
+            << cell("overlap_efficiency", 3) << ',' << cell("peak_rss_steady_mib", 1) << ','
+            << cell("peak_rss_setup_mib", 1) << '\n';
         all["rows"].push_back(row);
       }
       print_summary(raw, rows, o);
@@ -255,7 +267,7 @@ bool write_report(const Options& o, const std::string& load_at_start) {
           std::cerr << "memory results missing for " << config.label() << "\n";
           ok = false;
         }
-        print_memory(rows, world, o, raw["parameters"].get<double>() * 4 / (1 << 20));
+        print_memory(rows, world, raw["parameters"].get<double>() * 4 / (1 << 20));
       }
       const std::string stem = "steps_" + config.label() + "_w" + std::to_string(world);
       write_plot_data(dir / (stem + ".dat"), rows, o);
