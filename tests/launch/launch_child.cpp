@@ -4,6 +4,10 @@
 //   fail_once DIR       rank 1 exits 5 on the first attempt; then behaves like allreduce
 //   fail R CODE [stubborn]  rank R exits CODE after 0.3 s; the others sleep (ignoring SIGTERM
 //                       when "stubborn", so only SIGKILL ends them)
+//   fail_late R CODE S  like fail, but rank R waits S seconds before exiting
+//   resume DIR          a training loop of 6 steps that checkpoints every step in DIR/ckpt and
+//                       resumes from the newest; rank 1 exits 5 at step 3 on the first attempt.
+//                       Appends "attempt=A step=S weight=W" to DIR/steps_<RANK>.txt per finished step
 //   hang [grandchild]   prints "ready rank=R pid=P" and sleeps; optionally starts a helper
 //                       process first (it must die with the rank's process group)
 #include <fcntl.h>
@@ -14,6 +18,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <string>
@@ -21,6 +26,7 @@
 
 #include <torch/torch.h>
 
+#include <ddp/checkpoint.h>
 #include <ddp/process_group.h>
 
 namespace {
@@ -62,6 +68,47 @@ int allreduce(const std::string& dir) {
   return ok ? 0 : 1;
 }
 
+// Every step adds exactly 1 to the weight (SGD, lr 1, gradient -1), so the weight counts the steps
+// the model really went through: a repeated or skipped step after resume shows in it.
+int resume(const std::string& dir) {
+  ddp::InitOptions options;
+  options.backend = "gloo";
+  options.init_method = "env://";
+  options.timeout = std::chrono::seconds(60);
+  ddp::init_process_group(options);
+  const std::string attempt = env("DDPRUN_RESTART_COUNT");
+  const std::string ckpt_dir = dir + "/ckpt";
+  auto model = torch::nn::Linear(torch::nn::LinearOptions(1, 1).bias(false));
+  {
+    torch::NoGradGuard no_grad;
+    model->weight.zero_();
+  }
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(1.0));
+  int64_t step = 0;
+  if (auto latest = ddp::latest_checkpoint(ckpt_dir)) {
+    step = ddp::load_checkpoint(*latest, *model, &optimizer).global_step;
+    std::cout << "rank " << rank() << " resumed from " << *latest << " at step " << step << std::endl;
+  }
+  std::ofstream log(dir + "/steps_" + env("RANK") + ".txt", std::ios::app);
+  for (++step; step <= 6; ++step) {
+    if (step == 3 && attempt == "0" && rank() == 1) {
+      std::cerr << "rank 1 failing at step 3 (first attempt)" << std::endl;
+      return 5;
+    }
+    optimizer.zero_grad();
+    (-model->weight.sum()).backward();
+    optimizer.step();
+    std::filesystem::create_directories(ckpt_dir);
+    ddp::TrainingState state;
+    state.global_step = step;
+    ddp::save_checkpoint(ddp::checkpoint_path(ckpt_dir, step), *model, &optimizer, state,
+                         ddp::CheckpointOptions().keep_last(2));
+    log << "attempt=" << attempt << " step=" << step << " weight=" << model->weight.item<float>() << std::endl;
+  }
+  ddp::barrier();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -85,6 +132,17 @@ int main(int argc, char** argv) {
     }
     sleep_s(120);
     return 0;
+  }
+  if (mode == "resume" && argc > 2) return resume(argv[2]);
+  if (mode == "fail_late" && argc > 4) {
+    std::cout << "started rank " << rank() << " pid=" << getpid() << std::endl;
+    if (rank() != std::atoi(argv[2])) {
+      sleep_s(120);
+      return 0;
+    }
+    sleep_s(std::atof(argv[4]));
+    std::cerr << "rank " << rank() << " giving up with code " << argv[3] << std::endl;
+    return std::atoi(argv[3]);
   }
   if (mode == "hang") {
     if (argc > 2 && std::string(argv[2]) == "grandchild") {

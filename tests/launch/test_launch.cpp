@@ -7,8 +7,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -517,6 +520,141 @@ TEST(Launch, HelpExitsZero) {
   auto f = launch_test::run({kDdprun, "--help"}, {}, 30s);
   EXPECT_EQ(f.exit_code, 0) << describe(f);
   EXPECT_NE(f.output.find("--nproc-per-node"), std::string::npos) << f.output;
+}
+
+// --- restarts with a program that resumes from its checkpoints -----------------------------------
+
+// Lines "attempt=A step=S weight=W" that launch_child's resume mode appended for one rank.
+std::vector<std::string> read_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+TEST(Launch, MaxRestartsResumesFromTheLastCheckpointWithoutRepeatingOrSkippingSteps) {
+  TempDir dir;
+  auto f = launch_test::run(ddprun({"--nproc-per-node", "2", "--standalone", "--max-restarts", "1"},
+                                   {"resume", dir.path}), {}, 180s);
+  ASSERT_EQ(f.exit_code, 0) << describe(f);
+  EXPECT_NE(f.output.find("rank 1 failing at step 3 (first attempt)"), std::string::npos) << f.output;
+  EXPECT_NE(f.output.find("ddprun: restarting all ranks (restart 1 of 1)"), std::string::npos) << f.output;
+  EXPECT_NE(f.output.find("[rank 0] rank 0 resumed from " + dir.path + "/ckpt/checkpoint-00000002.pt at step 2"),
+            std::string::npos) << f.output;
+  // Steps 1-2 before the failure, 3-6 after: none twice, none missing, and the weight (which
+  // every step raises by 1) shows the model state resumed too.
+  const std::vector<std::string> expected{
+      "attempt=0 step=1 weight=1", "attempt=0 step=2 weight=2", "attempt=1 step=3 weight=3",
+      "attempt=1 step=4 weight=4", "attempt=1 step=5 weight=5", "attempt=1 step=6 weight=6"};
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(read_lines(dir.path + "/steps_" + std::to_string(rank) + ".txt"), expected) << "rank " << rank;
+  }
+}
+
+// --- --standalone picks its own port ---------------------------------------------------------------
+
+TEST(Launch, StandalonePicksAFreePortEvenWhenTheDefaultIsTakenAndJobsRunSideBySide) {
+  // Hold ddprun's default --master-port (29500; if someone else already holds it, it is taken anyway).
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int on = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  address.sin_port = htons(29500);
+  const bool held = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 && listen(fd, 1) == 0;
+  if (!held) std::cout << "port 29500 is already in use by another process; testing with that" << std::endl;
+
+  TempDir a, b;
+  Subprocess job_a(ddprun({"--nproc-per-node", "2", "--standalone"}, {"allreduce", a.path}), {});
+  Subprocess job_b(ddprun({"--nproc-per-node", "2", "--standalone"}, {"allreduce", b.path}), {});
+  auto fa = job_a.wait(120s);
+  auto fb = job_b.wait(120s);
+  close(fd);
+  ASSERT_EQ(fa.exit_code, 0) << describe(fa);
+  ASSERT_EQ(fb.exit_code, 0) << describe(fb);
+  expect_world(a.path, 2, 2);
+  expect_world(b.path, 2, 2);
+  const std::string port_a = read_result(a.path, 0)["MASTER_PORT"], port_b = read_result(b.path, 0)["MASTER_PORT"];
+  EXPECT_NE(port_a, "29500");
+  EXPECT_NE(port_b, "29500");
+  EXPECT_NE(port_a, port_b) << "two concurrent standalone jobs got the same port";
+  for (const auto& port : {port_a, port_b}) {
+    ASSERT_FALSE(port.empty());
+    EXPECT_GT(std::stoi(port), 0);
+    EXPECT_LE(std::stoi(port), 65535);
+  }
+}
+
+// --- --monitor-interval --------------------------------------------------------------------------
+
+// A rank's own exit is noticed at once (SIGCHLD wakes the launcher), whatever the interval: a
+// 30 s interval must not keep a failed job alive for 30 s.
+TEST(Launch, LocalRankFailureIsNoticedWithoutWaitingForTheMonitorInterval) {
+  auto tag = launch_test::unique_tag("interval_local");
+  auto f = launch_test::run(
+      ddprun({"--nproc-per-node", "2", "--standalone", "--monitor-interval", "30"}, {"fail", "1", "3"}),
+      {{"DDPRUN_TEST_TAG", tag}}, 90s);
+  EXPECT_EQ(f.exit_code, 1) << describe(f);
+  EXPECT_NE(f.output.find("exited with code 3"), std::string::npos) << f.output;
+  EXPECT_LT(f.seconds, 20) << describe(f);
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+// Another node's failure is learnt by polling the rendezvous store every --monitor-interval.
+// Node 1's rank 3 fails 2 s after starting; node 0 (whose ranks just sleep) can only learn it from
+// that poll. Returns how long after node 1 exited node 0 did.
+double peer_failure_delay(const std::string& interval) {
+  auto tag = launch_test::unique_tag("interval_peer");
+  const std::string port = std::to_string(ddp::test::free_port());
+  auto options = [&](const char* node) {
+    return std::vector<std::string>{"--nnodes", "2", "--nproc-per-node", "2", "--master-port", port,
+                                    "--node-rank", node, "--timeout", "60", "--monitor-interval", interval};
+  };
+  Subprocess node0(ddprun(options("0"), {"fail_late", "3", "6", "2"}), {{"DDPRUN_TEST_TAG", tag}});
+  Subprocess node1(ddprun(options("1"), {"fail_late", "3", "6", "2"}), {{"DDPRUN_TEST_TAG", tag}});
+  auto f1 = node1.wait(90s);
+  auto f0 = node0.wait(90s);
+  EXPECT_EQ(f1.exit_code, 1) << describe(f1);
+  EXPECT_EQ(f0.exit_code, 1) << describe(f0);
+  EXPECT_NE(f0.output.find("another node failed: node 1: rank 3"), std::string::npos) << f0.output;
+  EXPECT_NO_PROCESS_LEFT(tag);
+  return f0.seconds - f1.seconds;
+}
+
+TEST(Launch, MonitorIntervalSetsHowSoonAnotherNodesFailureIsNoticed) {
+  // Interval 8: node 0 polls at its start, then 8 s later, so it learns of the failure (posted ~2 s
+  // in) about 6 s after node 1 has gone. Interval 0.05: at once. Bounds leave seconds of slack.
+  const double slow = peer_failure_delay("8");
+  const double fast = peer_failure_delay("0.05");
+  std::cout << "node 0 stopped " << slow << " s after node 1 with --monitor-interval 8, " << fast
+            << " s with 0.05" << std::endl;
+  EXPECT_GE(slow, 3.5) << "--monitor-interval 8 was not honoured";
+  EXPECT_LT(fast, 3.0) << "--monitor-interval 0.05 was not honoured";
+}
+
+// --- --nproc-per-node gpu ----------------------------------------------------------------------------
+
+TEST(Launch, GpuCountStartsOneRankPerGpu) {
+  if (!std::filesystem::exists("/dev/nvidia0") && std::system("nvidia-smi -L >/dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "no NVIDIA GPU on this host (no /dev/nvidia0, nvidia-smi -L fails): the positive path of "
+                    "--nproc-per-node gpu cannot run; GpuCountWithoutGpus covers the error path";
+  }
+  // As many GPUs as ddprun counts: /dev/nvidia<N> nodes, else the lines of nvidia-smi -L.
+  int gpus = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev")) {
+    gpus += std::regex_match(entry.path().filename().string(), std::regex("nvidia[0-9]+"));
+  }
+  if (gpus == 0) {
+    FILE* pipe = popen("nvidia-smi -L", "r");
+    char line[512];
+    while (pipe != nullptr && fgets(line, sizeof(line), pipe) != nullptr) gpus += std::string(line).rfind("GPU ", 0) == 0;
+    if (pipe != nullptr) pclose(pipe);
+  }
+  TempDir dir;
+  auto f = launch_test::run(ddprun({"--nproc-per-node", "gpu", "--standalone"}, {"allreduce", dir.path}), {}, 180s);
+  ASSERT_EQ(f.exit_code, 0) << describe(f);
+  expect_world(dir.path, gpus, gpus);
 }
 
 }  // namespace
