@@ -30,9 +30,9 @@ inline c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(
     std::shared_ptr<::gloo::transport::Device> device) {
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
   options->devices.push_back(std::move(device));
-#if DDP_TORCH_AT_LEAST(2, 0)
+#if DDP_TORCH_AT_LEAST(2, 0)  // 2.0: ProcessGroupGloo is a c10d::Backend behind a ProcessGroup
   auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
-#if DDP_TORCH_AT_LEAST(2, 6)
+#if DDP_TORCH_AT_LEAST(2, 6)  // 2.6: ProcessGroup's constructor no longer takes Options
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
 #else
   auto group = c10::make_intrusive<c10d::ProcessGroup>(
@@ -90,9 +90,9 @@ inline c10::intrusive_ptr<c10d::ProcessGroup> make_nccl_group(
     std::chrono::milliseconds timeout) {
   auto options = c10d::ProcessGroupNCCL::Options::create();
   options->timeout = timeout;
-#if DDP_TORCH_AT_LEAST(2, 0)
+#if DDP_TORCH_AT_LEAST(2, 0)  // 2.0: ProcessGroupNCCL is a c10d::Backend behind a ProcessGroup
   auto backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
-#if DDP_TORCH_AT_LEAST(2, 6)
+#if DDP_TORCH_AT_LEAST(2, 6)  // 2.6: ProcessGroup's constructor no longer takes Options
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
 #else
   auto group = c10::make_intrusive<c10d::ProcessGroup>(

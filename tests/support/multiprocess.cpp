@@ -18,6 +18,7 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <torch/version.h>
 
 extern char** environ;
 
@@ -204,6 +205,9 @@ int main_with_workers(int argc, char** argv) {
     return 0;
   }
   ::testing::InitGoogleTest(&argc, argv);
+  // Each test's log names the LibTorch it was built against (CI runs the suite on 1.13 and 2.x).
+  // Not while listing: gtest_discover_tests parses that output.
+  if (!GTEST_FLAG_GET(list_tests)) std::cout << "[torchddp] built against LibTorch " << TORCH_VERSION << "\n";
   return RUN_ALL_TESTS();
 }
 
