@@ -80,6 +80,11 @@ class Round {
           all_done = false;
         } else if (!rank.child.status.ok()) {
           drain(rank, std::chrono::milliseconds(200));
+          // A rank often dies *because* another node failed first (its peers vanished): name
+          // that first failure, which is already in the store, rather than this cascade.
+          if (options_.nnodes > 1) {
+            if (auto why = rendezvous_.peer_failure(round_)) return fail(RoundResult::kPeerFailed, *why, -1);
+          }
           return fail(RoundResult::kRankFailed,
                       "rank " + std::to_string(rank.global) + " (local rank " + std::to_string(i) + " on node " +
                           std::to_string(options_.node_rank) + ", pid " + std::to_string(rank.child.pid) + ") " +
