@@ -4,20 +4,20 @@
 if (!exists("datafile")) datafile = 'steps.dat'
 if (!exists("outfile")) outfile = 'steps.png'
 if (!exists("plottitle")) plottitle = ''
-set terminal pngcairo size 900,520 noenhanced
+set terminal pngcairo size 1000,520 noenhanced
 set output outfile
 set title "step time vs bucket size: ".plottitle
 set xlabel "bucket_cap_mb (MiB; 0 = one bucket per parameter)"
 set ylabel "step time (ms)"
 set datafile missing "?"
 set grid
-set key below maxrows 2
+set key outside right top
 set offsets 0.3, 0.3, 0, 0
 set yrange [0:*]
 # Columns: 1 index, 2 label, then median p25 p75 for local (3-5), naive (6-8), reducer (9-11),
 # ours (12-14), ours_view (15-17). local and naive do not bucket: flat lines.
-plot datafile using 1:3:xtic(2) with lines dt 2 lw 2 lc rgb "#4d4d4d" title "local (no comm)", \
-     '' using 1:6 with lines dt 3 lw 2 lc rgb "#b2182b" title "naive (allreduce after backward)", \
-     '' using 1:9:10:11 with yerrorlines lw 2 pt 7 lc rgb "#ef8a62" title "reducer (c10d::Reducer)", \
+plot datafile using 1:3:xtic(2) with lines dt 2 lw 2 lc rgb "#4d4d4d" title "local", \
+     '' using 1:6 with lines dt 3 lw 2 lc rgb "#b2182b" title "naive", \
+     '' using 1:9:10:11 with yerrorlines lw 2 pt 7 lc rgb "#ef8a62" title "reducer", \
      '' using 1:12:13:14 with yerrorlines lw 2 pt 5 lc rgb "#2166ac" title "ours", \
      '' using 1:15:16:17 with yerrorbars pt 9 ps 1.5 lc rgb "#1b7837" title "ours_view"
