@@ -82,6 +82,9 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   const double inverse_world = 1.0 / group_->getSize();
 
   at::NoGradGuard no_grad;
+  // Free the old buckets before allocating the new ones, so a rebuild never holds two sets (a
+  // bucket-view gradient keeps its old storage alive until it is copied in below).
+  buckets_.clear();
   std::vector<Bucket> buckets(layout.size());
   slots_.assign(params_.size(), Slot{});
   for (size_t b = 0; b < layout.size(); ++b) {
