@@ -65,6 +65,9 @@ mount_once() {  # mount_once <target> <mount args...>
 }
 cleanup() {
   for m in "${mounted[@]}"; do umount "$m" 2>/dev/null || umount -l "$m" || true; done
+  # Whatever the tests mounted inside (`ip netns add` mounts the chroot's /run/netns), deepest first.
+  awk -v root="$CHROOT/" 'index($2, root) == 1 {print $2}' /proc/mounts | sort -r |
+    while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" || true; done
 }
 trap cleanup EXIT
 mount_once "$CHROOT/proc" -t proc proc
