@@ -60,4 +60,11 @@ struct BranchyImpl : torch::nn::Module {
 };
 TORCH_MODULE(Branchy);
 
+// Gives `to` the weights of `from` (same architecture): references start where DDP models start.
+inline void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
+  torch::NoGradGuard no_grad;
+  auto src = from.parameters(), dst = to.parameters();
+  for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+}
+
 }  // namespace ddp::test

@@ -64,11 +64,7 @@ void check_equivalence(const std::string& model_name, int64_t features) {
     Model local;
     ddp::DistributedDataParallel model(local, ddp::DDPOptions().first_bucket_cap_mb(config.first_mb).bucket_cap_mb(config.cap_mb));
     Model reference;
-    {
-      torch::NoGradGuard no_grad;
-      auto src = model.parameters(), dst = reference->parameters();
-      for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
-    }
+    copy_parameters(*model.module(), *reference);
     expect_identical_across_ranks(model.parameters(), what + " after construction");
     if (std::string(config.name) == "per-parameter") {
       require(model.reduction_stats().buckets.size() == model.parameters().size(), what + ": not one bucket per parameter");
@@ -116,10 +112,7 @@ DDP_WORKER(no_sync) {
     torch::manual_seed(1);
     MLP local, reference;
     ddp::DistributedDataParallel model(local, ddp::DDPOptions().gradient_as_bucket_view(as_view));
-    {
-      torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < reference->parameters().size(); ++i) reference->parameters()[i].copy_(model.parameters()[i]);
-    }
+    copy_parameters(*model.module(), *reference);
     const int64_t before = model.reduction_stats().collectives_launched;
     torch::Tensor local_sum;
     {
@@ -154,10 +147,7 @@ DDP_WORKER(rebuild) {
   torch::manual_seed(3);
   Reordered local, reference;
   ddp::DistributedDataParallel model(local, ddp::DDPOptions().first_bucket_cap_mb(0).bucket_cap_mb(0));
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < reference->parameters().size(); ++i) reference->parameters()[i].copy_(model.parameters()[i]);
-  }
+  copy_parameters(*model.module(), *reference);
   auto before = model.reduction_stats();
   require(before.buckets.front().front().rfind("first.", 0) == 0,
           "initial buckets should follow reverse registration (first.* first), got " + before.buckets.front().front());
@@ -184,10 +174,7 @@ DDP_WORKER(find_unused) {
   torch::manual_seed(5);
   Branchy local, reference;
   ddp::DistributedDataParallel model(local, ddp::DDPOptions().find_unused_parameters(true));
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < reference->parameters().size(); ++i) reference->parameters()[i].copy_(model.parameters()[i]);
-  }
+  copy_parameters(*model.module(), *reference);
   auto [x, y] = batch(0);
   torch::mse_loss(model.forward(shard(x, rank, world), false), shard(y, rank, world)).backward();
   require(!model->branch->weight.grad().defined(), "globally unused branch got a gradient");
@@ -201,10 +188,7 @@ DDP_WORKER(find_unused) {
   torch::mse_loss(model.forward(shard(x2, rank, world), use_branch), shard(y2, rank, world)).backward();
   // Expected branch gradient: rank 0's local gradient divided by the world size.
   Branchy rank0;
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < rank0->parameters().size(); ++i) rank0->parameters()[i].copy_(reference->parameters()[i]);
-  }
+  copy_parameters(*reference, *rank0);
   torch::mse_loss(rank0->forward(shard(x2, 0, world), true), shard(y2, 0, world)).backward();
   require(model->branch->weight.grad().defined(), "branch used on rank 0 has no gradient on rank " + std::to_string(rank));
   require(torch::allclose(model->branch->weight.grad(), rank0->branch->weight.grad() / world, 1e-5, 1e-7),
@@ -242,10 +226,7 @@ DDP_WORKER(static_graph) {
   torch::manual_seed(5);
   Branchy local, reference;
   ddp::DistributedDataParallel model(local, ddp::DDPOptions().static_graph(true));
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < reference->parameters().size(); ++i) reference->parameters()[i].copy_(model.parameters()[i]);
-  }
+  copy_parameters(*model.module(), *reference);
   for (int step = 0; step < 3; ++step) {
     auto [x, y] = batch(step);
     model.zero_grad();
@@ -266,10 +247,7 @@ DDP_WORKER(bucket_view) {
   torch::manual_seed(2);
   MLP local, reference;
   ddp::DistributedDataParallel model(local, ddp::DDPOptions().gradient_as_bucket_view(true).first_bucket_cap_mb(100));
-  {
-    torch::NoGradGuard no_grad;
-    for (size_t i = 0; i < reference->parameters().size(); ++i) reference->parameters()[i].copy_(model.parameters()[i]);
-  }
+  copy_parameters(*model.module(), *reference);
   torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.1));
   torch::optim::SGD ref_opt(reference->parameters(), torch::optim::SGDOptions(0.1));
   for (int step = 0; step < 3; ++step) {

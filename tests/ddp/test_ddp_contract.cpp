@@ -25,11 +25,6 @@ torch::Tensor shard(const torch::Tensor& t, int rank, int world) {
   const int64_t per = t.size(0) / world;
   return t.narrow(0, rank * per, per);
 }
-void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
-  torch::NoGradGuard no_grad;
-  auto src = from.parameters(), dst = to.parameters();
-  for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
-}
 void expect_same_grads(torch::nn::Module& expected, torch::nn::Module& actual, const std::string& what) {
   auto want = expected.named_parameters(), got = actual.named_parameters();
   for (const auto& item : want) {

@@ -6,6 +6,7 @@
 
 #include <ddp/distributed_data_parallel.h>
 
+#include "models.h"
 #include "multiprocess.h"
 
 namespace {
@@ -30,11 +31,6 @@ struct SplitModelImpl : torch::nn::Module {
 };
 TORCH_MODULE(SplitModel);
 
-void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
-  torch::NoGradGuard no_grad;
-  auto src = from.parameters(), dst = to.parameters();
-  for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
-}
 
 // Runs 3 DDP steps of a split model on W ranks and checks gradients against one process.
 void check_split_model(c10::Device dev0, c10::Device dev1, c10::ScalarType dtype1) {
