@@ -32,6 +32,10 @@ PACKAGES="cmake g++ ninja-build ccache pkg-config zlib1g-dev libtorch-dev libglo
 log() { echo "[libtorch2] $*"; }
 
 if [[ $(id -u) -ne 0 ]]; then
+  # debootstrap, mount and chroot need root: use sudo when it needs no password (CI), else say so.
+  if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+    exec sudo -E bash "$0" "$@"
+  fi
   echo "libtorch2_chroot.sh: must run as root (debootstrap, mount and chroot need it); try: sudo bash $0" >&2
   exit 2
 fi
