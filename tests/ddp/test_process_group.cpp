@@ -229,6 +229,19 @@ TEST(ProcessGroupBadInput, EnvUnresolvableMasterAddr) {
   EXPECT_WORKERS_OK(ddp::test::run_workers("unresolvable_master", 1, options));
 }
 
+// The same check for tcp://host:port: the host is named with the init_method it came from.
+TEST(ProcessGroupBadInput, TcpUnresolvableHost) {
+  ddp::InitOptions options{"gloo", "tcp://torchddp-no-such-host.invalid:29500"};
+  options.rank = 1;
+  options.world_size = 2;
+  options.timeout = std::chrono::seconds(2);  // bounds the test should the resolver only time out
+  auto message = init_error(options, {});
+  EXPECT_NE(message.find("host 'torchddp-no-such-host.invalid' of init_method "
+                         "'tcp://torchddp-no-such-host.invalid:29500' cannot be resolved"),
+            std::string::npos) << message;
+  EXPECT_NE(message.find("use the host name or IP address of rank 0's machine"), std::string::npos) << message;
+}
+
 TEST(ProcessGroupBadInput, UnknownBackend) {
   auto message = init_error({"mpi"}, {{"WORLD_SIZE", "1"}, {"RANK", "0"}});
   EXPECT_NE(message.find("unknown backend 'mpi'"), std::string::npos) << message;

@@ -42,12 +42,17 @@ void sleep_s(double seconds) {
   std::this_thread::sleep_for(std::chrono::milliseconds(static_cast<long long>(seconds * 1000)));
 }
 
-int allreduce(const std::string& dir) {
+// The world ddprun set up (env://), with a timeout so a broken launch fails instead of hanging.
+void init_from_launcher() {
   ddp::InitOptions options;
   options.backend = "gloo";
   options.init_method = "env://";
   options.timeout = std::chrono::seconds(60);
   ddp::init_process_group(options);
+}
+
+int allreduce(const std::string& dir) {
+  init_from_launcher();
   auto value = torch::full({4}, static_cast<float>(ddp::get_rank() + 1));
   ddp::all_reduce(value);
   const auto done = std::chrono::system_clock::now().time_since_epoch();
@@ -71,11 +76,7 @@ int allreduce(const std::string& dir) {
 // Every step adds exactly 1 to the weight (SGD, lr 1, gradient -1), so the weight counts the steps
 // the model really went through: a repeated or skipped step after resume shows in it.
 int resume(const std::string& dir) {
-  ddp::InitOptions options;
-  options.backend = "gloo";
-  options.init_method = "env://";
-  options.timeout = std::chrono::seconds(60);
-  ddp::init_process_group(options);
+  init_from_launcher();
   const std::string attempt = env("DDPRUN_RESTART_COUNT");
   const std::string ckpt_dir = dir + "/ckpt";
   auto model = torch::nn::Linear(torch::nn::LinearOptions(1, 1).bias(false));
