@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Writes tests/sampler/data/expected_sequences.txt with the indices PyTorch's own
+"""Writes tests/data/recorded/expected_sequences.txt with the indices PyTorch's own
 torch.utils.data.distributed.DistributedSampler yields, for the C++ test to compare against.
 
 Run from the repository root (Debian: apt-get install python3-torch):
@@ -13,7 +13,7 @@ import os
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-OUT = os.path.join(os.path.dirname(__file__), "..", "tests", "sampler", "data", "expected_sequences.txt")
+OUT = os.path.join(os.path.dirname(__file__), "..", "tests", "data", "recorded", "expected_sequences.txt")
 
 
 def cases():

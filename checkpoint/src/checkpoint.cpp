@@ -27,12 +27,6 @@ ProcessGroupPtr resolve_group(const ProcessGroupPtr& group) {
   return is_initialized() ? default_group() : ProcessGroupPtr();
 }
 
-// NCCL only moves CUDA tensors; Gloo takes CPU ones.
-at::Device comm_device(const ProcessGroupPtr& group) {
-  if (group->getBackendName() == "nccl") return at::Device(at::kCUDA, local_rank());
-  return at::Device(at::kCPU);
-}
-
 std::string bytes_of(torch::serialize::OutputArchive& archive) {
   std::string bytes;
   archive.save_to([&](const void* data, size_t size) {
@@ -73,7 +67,7 @@ RngState own_rng_state() {
 std::vector<RngState> gather_rng_states(const ProcessGroupPtr& group) {
   RngState own = own_rng_state();
   if (!group) return {own};
-  const at::Device device = comm_device(group);
+  const at::Device device = collective_device(group);
   const int64_t cuda_size = own.cuda.defined() ? own.cuda.numel() : 0;
   // all_gather needs equal shapes: share the sizes, then pad every blob to the largest.
   auto sizes = all_gather(torch::tensor({own.cpu.numel(), cuda_size}, at::kLong).to(device), group);
@@ -224,7 +218,7 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module,
   }
   if (group) {
     // Doubles as the barrier: no rank leaves before rank 0 has renamed the complete file.
-    at::Tensor ok = torch::tensor({failure.empty() ? 1 : 0}, at::kInt).to(comm_device(group));
+    at::Tensor ok = torch::tensor({failure.empty() ? 1 : 0}, at::kInt).to(collective_device(group));
     broadcast(ok, 0, group);
     if (rank != 0 && ok.cpu().item<int>() == 0) {
       throw CheckpointError("rank 0 failed to save checkpoint " + path + " (its error is in rank 0's output)");

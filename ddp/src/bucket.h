@@ -18,8 +18,8 @@ struct Bucket {
   c10::intrusive_ptr<c10d::Work> work;  // the in-flight allreduce, if launched
 };
 
-// Where a parameter's gradient lives: bucket index and position inside it.
-struct Slot {
+// Where a parameter's gradient lives: which bucket, and which of its views (its slot).
+struct BucketPlace {
   size_t bucket = 0;
   size_t index = 0;
 };

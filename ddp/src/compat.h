@@ -1,49 +1,46 @@
 #pragma once
-// Everything that differs between LibTorch 1.13 and 2.x, in one place.
-//  - 1.13: ProcessGroupGloo/NCCL *are* c10d::ProcessGroup subclasses.
-//  - 2.x : they are c10d::Backend subclasses, wrapped by a c10d::ProcessGroup that dispatches
-//          by device type.
+// Everything that differs between the LibTorch versions we build against (1.13 and 2.x), and
+// nothing else: each branch names the version that introduced the difference.
 #include <chrono>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <torch/version.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
-#ifdef DDP_HAVE_NCCL
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#endif
 
 #define DDP_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
 
 namespace ddp::compat {
 
-inline c10::intrusive_ptr<c10d::ProcessGroup> make_gloo_group(
-    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-    std::chrono::milliseconds timeout,
-    std::shared_ptr<::gloo::transport::Device> device) {
-  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  options->devices.push_back(std::move(device));
-#if DDP_TORCH_AT_LEAST(2, 0)  // 2.0: ProcessGroupGloo is a c10d::Backend behind a ProcessGroup
-  auto backend = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+// A backend (c10d::ProcessGroupGloo or ProcessGroupNCCL) as the c10d::ProcessGroup the rest of
+// the code talks to, serving tensors of `devices`.
+//  - 1.13: the backends *are* c10d::ProcessGroup subclasses: nothing to do.
+//  - 2.0 : they are c10d::Backend subclasses, wrapped by a ProcessGroup that dispatches by device.
+template <typename Backend>
+c10::intrusive_ptr<c10d::ProcessGroup> as_process_group(c10::intrusive_ptr<Backend> backend,
+                                                        const c10::intrusive_ptr<c10d::Store>& store,
+                                                        std::chrono::milliseconds timeout,
+                                                        std::initializer_list<c10::DeviceType> devices) {
+#if DDP_TORCH_AT_LEAST(2, 0)
+  const std::string name = backend->getBackendName();
+  const auto type = name == "nccl" ? c10d::ProcessGroup::BackendType::NCCL : c10d::ProcessGroup::BackendType::GLOO;
+  const int rank = backend->getRank(), size = backend->getSize();
 #if DDP_TORCH_AT_LEAST(2, 6)  // 2.6: ProcessGroup's constructor no longer takes Options
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
 #else
   auto group = c10::make_intrusive<c10d::ProcessGroup>(
-      store, rank, size, c10::make_intrusive<c10d::ProcessGroup::Options>("gloo", timeout));
+      store, rank, size, c10::make_intrusive<c10d::ProcessGroup::Options>(name, timeout));
 #endif
-  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
-  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, backend);
-  group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, backend);
+  group->setDefaultBackend(type);
+  for (const auto device : devices) group->setBackend(device, type, backend);
   return group;
 #else
-  return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+  return backend;
 #endif
 }
 
@@ -74,48 +71,6 @@ c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(const std::string& host, Optio
     }
   }
   return c10::make_intrusive<c10d::TCPStore>(host, options);
-}
-
-inline bool have_nccl() {
-#ifdef DDP_HAVE_NCCL
-  return true;
-#else
-  return false;
-#endif
-}
-
-#ifdef DDP_HAVE_NCCL
-inline c10::intrusive_ptr<c10d::ProcessGroup> make_nccl_group(
-    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-    std::chrono::milliseconds timeout) {
-  auto options = c10d::ProcessGroupNCCL::Options::create();
-  options->timeout = timeout;
-#if DDP_TORCH_AT_LEAST(2, 0)  // 2.0: ProcessGroupNCCL is a c10d::Backend behind a ProcessGroup
-  auto backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
-#if DDP_TORCH_AT_LEAST(2, 6)  // 2.6: ProcessGroup's constructor no longer takes Options
-  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
-#else
-  auto group = c10::make_intrusive<c10d::ProcessGroup>(
-      store, rank, size, c10::make_intrusive<c10d::ProcessGroup::Options>("nccl", timeout));
-#endif
-  group->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
-  group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, backend);
-  return group;
-#else
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options);
-#endif
-}
-#endif
-
-// A post-hook on an autograd node (the gradient accumulator of a parameter).
-template <typename Fn>
-void add_post_hook(torch::autograd::Node& node, Fn fn) {
-  node.add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-      [fn = std::move(fn)](const torch::autograd::variable_list& outputs,
-                           const torch::autograd::variable_list& /*inputs*/) {
-        fn();
-        return outputs;
-      }));
 }
 
 }  // namespace ddp::compat

@@ -13,7 +13,11 @@
 #include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef DDP_HAVE_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include "compat.h"
 
@@ -103,6 +107,30 @@ std::shared_ptr<::gloo::transport::Device> make_gloo_device(const std::string& m
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 
+constexpr bool kHaveNccl =
+#ifdef DDP_HAVE_NCCL
+    true;
+#else
+    false;
+#endif
+
+// The backend's own process group over `store`.
+ProcessGroupPtr make_backend(const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                             int size, std::chrono::milliseconds timeout, const std::string& master_host) {
+#ifdef DDP_HAVE_NCCL
+  if (backend == "nccl") {
+    auto options = c10d::ProcessGroupNCCL::Options::create();
+    options->timeout = timeout;
+    return compat::as_process_group(c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options),
+                                    store, timeout, {c10::DeviceType::CUDA});
+  }
+#endif
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices.push_back(make_gloo_device(master_host));
+  return compat::as_process_group(c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options), store,
+                                  timeout, {c10::DeviceType::CPU, c10::DeviceType::CUDA});
+}
+
 std::string describe_ranks(const std::vector<int>& ranks) {
   std::ostringstream out;
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -163,12 +191,12 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
 
   std::string backend = options.backend;
   if (backend == "auto") {
-    backend = (compat::have_nccl() && torch::cuda::is_available()) ? "nccl" : "gloo";
+    backend = (kHaveNccl && torch::cuda::is_available()) ? "nccl" : "gloo";
   }
   if (backend != "gloo" && backend != "nccl") {
     fail("unknown backend '" + options.backend + "': use \"gloo\", \"nccl\" or \"auto\"");
   }
-  if (backend == "nccl" && !compat::have_nccl()) {
+  if (backend == "nccl" && !kHaveNccl) {
     fail("backend \"nccl\" is not available: this LibTorch was built without NCCL (CPU-only). "
          "Use \"gloo\" or link a CUDA build of LibTorch.");
   }
@@ -225,16 +253,7 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
   rendezvous(*store, rank, world_size, options.timeout, where);
 
   auto backend_store = c10::make_intrusive<c10d::PrefixStore>(backend, store);
-  ProcessGroupPtr group;
-#ifdef DDP_HAVE_NCCL
-  if (backend == "nccl") {
-    group = compat::make_nccl_group(backend_store, rank, world_size, options.timeout);
-  }
-#endif
-  if (!group) {
-    group = compat::make_gloo_group(backend_store, rank, world_size, options.timeout,
-                                    make_gloo_device(master_host));
-  }
+  ProcessGroupPtr group = make_backend(backend, backend_store, rank, world_size, options.timeout, master_host);
   // Return only once every rank has finished connecting (like torch.distributed's store-based
   // barrier): a rank that finishes first and exits at once would otherwise break a peer still in
   // Gloo's connectFullMesh ("Connection closed by peer").
@@ -267,47 +286,6 @@ ProcessGroupPtr default_group() {
 void destroy_process_group() {
   std::lock_guard<std::mutex> lock(g_default_mutex);
   g_default_group.reset();
-}
-
-namespace {
-ProcessGroupPtr resolve(const ProcessGroupPtr& group) { return group ? group : default_group(); }
-
-void wait_for(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
-  try {
-    work->wait();
-  } catch (const std::exception& error) {
-    throw std::runtime_error(std::string("ddp::") + what +
-                             " failed (a peer rank may have died or timed out): " + error.what());
-  }
-}
-}  // namespace
-
-int get_rank(const ProcessGroupPtr& group) { return resolve(group)->getRank(); }
-int get_world_size(const ProcessGroupPtr& group) { return resolve(group)->getSize(); }
-
-void barrier(const ProcessGroupPtr& group) { wait_for(resolve(group)->barrier(), "barrier"); }
-
-void all_reduce(at::Tensor& tensor, c10d::ReduceOp op, const ProcessGroupPtr& group) {
-  std::vector<at::Tensor> tensors{tensor};
-  c10d::AllreduceOptions options;
-  options.reduceOp = op;
-  wait_for(resolve(group)->allreduce(tensors, options), "all_reduce");
-}
-
-void broadcast(at::Tensor& tensor, int src, const ProcessGroupPtr& group) {
-  std::vector<at::Tensor> tensors{tensor};
-  c10d::BroadcastOptions options;
-  options.rootRank = src;
-  wait_for(resolve(group)->broadcast(tensors, options), "broadcast");
-}
-
-std::vector<at::Tensor> all_gather(const at::Tensor& tensor, const ProcessGroupPtr& group) {
-  auto pg = resolve(group);
-  std::vector<at::Tensor> input{tensor.contiguous()};
-  std::vector<std::vector<at::Tensor>> output(1);
-  for (int r = 0; r < pg->getSize(); ++r) output[0].push_back(at::empty_like(input[0]));
-  wait_for(pg->allgather(output, input), "all_gather");
-  return output[0];
 }
 
 int local_rank() {

@@ -9,8 +9,10 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+
+#include "collective.h"
 #include "ddp/bucket_assignment.h"
-#include "compat.h"
 
 namespace ddp::detail {
 namespace {
@@ -57,15 +59,27 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
 void Reducer::register_hooks() {
   std::weak_ptr<Reducer> weak = weak_from_this();
   grad_accumulators_.resize(params_.size());
+  hook_keys_.resize(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     auto accumulator = torch::autograd::impl::grad_accumulator(params_[i]);
     if (accumulator == grad_accumulators_[i]) continue;
-    if (grad_accumulators_[i]) param_of_accumulator_.erase(grad_accumulators_[i].get());
+    if (grad_accumulators_[i]) {
+      param_of_accumulator_.erase(grad_accumulators_[i].get());
+      grad_accumulators_[i]->del_post_hook(hook_keys_[i]);
+    }
     param_of_accumulator_[accumulator.get()] = i;
-    compat::add_post_hook(*accumulator, [weak, i] {
-      if (auto reducer = weak.lock()) reducer->on_gradient_ready(i);
-    });
+    hook_keys_[i] = accumulator->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [weak, i](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          if (auto reducer = weak.lock()) reducer->on_gradient_ready(i);
+          return outputs;
+        }));
     grad_accumulators_[i] = std::move(accumulator);
+  }
+}
+
+Reducer::~Reducer() {
+  for (size_t i = 0; i < grad_accumulators_.size(); ++i) {
+    if (grad_accumulators_[i]) grad_accumulators_[i]->del_post_hook(hook_keys_[i]);
   }
 }
 
@@ -86,7 +100,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   // bucket-view gradient keeps its old storage alive until it is copied in below).
   buckets_.clear();
   std::vector<Bucket> buckets(layout.size());
-  slots_.assign(params_.size(), Slot{});
+  place_.assign(params_.size(), BucketPlace{});
   for (size_t b = 0; b < layout.size(); ++b) {
     Bucket& bucket = buckets[b];
     bucket.params = layout[b];
@@ -105,7 +119,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
       bucket.views.push_back(at::empty({0}, bucket.flat.options())
                                  .set_(view.storage(), view.storage_offset(), view.sizes(), view.strides()));
       offset += param.numel();
-      slots_[bucket.params[k]] = Slot{b, k};
+      place_[bucket.params[k]] = BucketPlace{b, k};
       // A gradient the user already holds moves into the bucket, so nothing is lost.
       at::Tensor& grad = param.mutable_grad();
       if (options_.gradient_as_bucket_view && grad.defined()) {
@@ -116,11 +130,9 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   }
   buckets_ = std::move(buckets);
   bucket_order_ = order;
-  if (!params_.empty()) {
-    used_host_ = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
-    const auto device = params_.front().device();
-    used_device_ = device.is_cpu() ? used_host_ : used_host_.to(device);
-  }
+  used_host_ = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
+  const auto device = collective_device(group_);
+  used_device_ = device.is_cpu() ? used_host_ : used_host_.to(device);
 }
 
 void Reducer::reallocate_buckets() {
@@ -133,9 +145,10 @@ void Reducer::reallocate_buckets() {
 // bucket fills up as early as possible. Rank 0's order is used everywhere: buckets must match.
 void Reducer::rebuild_buckets_in_observed_order() {
   std::vector<int64_t> local(ready_order_.begin(), ready_order_.end());
-  at::Tensor order = at::tensor(local, at::kLong).to(params_.front().device());
+  at::Tensor order = at::tensor(local, at::kLong).to(collective_device(group_));
   std::vector<at::Tensor> tensors{order};
-  group_->broadcast(tensors)->wait();
+  wait_collective(group_->broadcast(tensors), "DistributedDataParallel: broadcast of rank 0's gradient order "
+                                              "(the one bucket rebuild)");
   order = order.cpu();
   const int64_t* broadcast_order = order.data_ptr<int64_t>();
   const std::vector<size_t> agreed(broadcast_order, broadcast_order + params_.size());
@@ -256,8 +269,8 @@ void Reducer::mark_ready(size_t param, bool used) {
   ready_[param] = 1;
   if (!rebuilt_ && iterations_reduced_ == 0) ready_order_.push_back(param);  // for the rebuild
 
-  Bucket& bucket = buckets_[slots_[param].bucket];
-  at::Tensor& slot = bucket.views[slots_[param].index];
+  Bucket& bucket = buckets_[place_[param].bucket];
+  at::Tensor& slot = bucket.views[place_[param].index];
   at::NoGradGuard no_grad;
   if (!used) {
     slot.zero_();
@@ -342,7 +355,7 @@ void Reducer::finalize() {
   } guard{this};
   for (size_t b = 0; b < buckets_.size(); ++b) wait_for_bucket(b);
   if (usage_work) {
-    usage_work->wait();
+    wait_collective(usage_work, [] { return "DistributedDataParallel: the exchange of which parameters got gradients"; });
     if (!used_device_.is_same(used_host_)) used_host_.copy_(used_device_);
     const int32_t* used = used_host_.data_ptr<int32_t>();
     for (size_t p = 0; p < params_.size(); ++p) globally_unused_[p] = used[p] == 0;
@@ -356,13 +369,14 @@ void Reducer::finalize() {
 
 void Reducer::wait_for_bucket(size_t b) {
   Bucket& bucket = buckets_[b];
-  try {
-    bucket.work->wait();
-  } catch (const std::exception& error) {
-    fail("allreduce of gradient bucket " + std::to_string(b) + " of " + std::to_string(buckets_.size()) +
-         " failed; a peer rank may have died or timed out, or the ranks ran different numbers of "
-         "backward passes. Cause: " + error.what());
-  }
+  wait_collective(
+      bucket.work,
+      [&] {
+        return "DistributedDataParallel: allreduce of gradient bucket " + std::to_string(b) + " of " +
+               std::to_string(buckets_.size());
+      },
+      "a peer rank may have died or hung past the timeout, or the ranks ran different numbers of "
+      "backward passes (uneven inputs: see ddp::Join)");
   bucket.work.reset();
 }
 
@@ -370,7 +384,7 @@ void Reducer::write_back_gradients() {
   at::NoGradGuard no_grad;
   for (size_t p = 0; p < params_.size(); ++p) {
     if (globally_unused_[p]) continue;  // like a single process: no gradient, no update
-    const at::Tensor& slot = buckets_[slots_[p].bucket].views[slots_[p].index];
+    const at::Tensor& slot = buckets_[place_[p].bucket].views[place_[p].index];
     at::Tensor& grad = params_[p].mutable_grad();
     if (options_.gradient_as_bucket_view) {
       if (!grad.is_same(slot)) grad = slot;
@@ -384,7 +398,7 @@ void Reducer::write_back_gradients() {
 
 // Leaves no collective of this rank half-done and returns to idle.
 void Reducer::discard_iteration() {
-  for (size_t b = 0; b < next_bucket_ && b < buckets_.size(); ++b) {
+  for (size_t b = 0; b < next_bucket_; ++b) {
     if (!buckets_[b].work) continue;
     try {
       buckets_[b].work->wait();

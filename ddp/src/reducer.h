@@ -22,12 +22,13 @@
 
 namespace ddp::detail {
 
+// DDPOptions, in the units the reducer works in (DDPCore fills every field).
 struct ReducerOptions {
-  int64_t first_bucket_bytes = 1 << 20;
-  int64_t bucket_bytes = 25 << 20;
-  bool find_unused_parameters = false;
-  bool gradient_as_bucket_view = false;
-  bool static_graph = false;
+  int64_t first_bucket_bytes;
+  int64_t bucket_bytes;
+  bool find_unused_parameters;
+  bool gradient_as_bucket_view;
+  bool static_graph;
 };
 
 struct ReducerStats {
@@ -41,6 +42,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
  public:
   static std::shared_ptr<Reducer> create(std::vector<at::Tensor> params, std::vector<std::string> names,
                                          ProcessGroupPtr group, ReducerOptions options);
+  // Removes the reducer's hooks from the gradient accumulators: a module wrapped again (or used
+  // bare) after its wrapper is gone carries no dead hooks.
+  ~Reducer();
 
   // Before each forward: reports what went wrong in the previous iteration, rebuilds buckets once.
   void prepare_for_forward();
@@ -88,10 +92,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // Strong references: autograd only holds gradient accumulators weakly, and a new accumulator
   // would not carry our hook.
   std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
+  std::vector<uintptr_t> hook_keys_;  // hook_keys_[param]: our hook on grad_accumulators_[param]
   std::unordered_map<const torch::autograd::Node*, size_t> param_of_accumulator_;
 
   std::vector<Bucket> buckets_;
-  std::vector<Slot> slots_;           // slots_[param]
+  std::vector<BucketPlace> place_;    // place_[param]: where its gradient lives
   std::vector<size_t> bucket_order_;  // the parameter order buckets were last built from
 
   mutable std::mutex mutex_;

@@ -7,6 +7,8 @@
 
 #include <c10/core/DeviceGuard.h>
 
+#include "collective.h"
+
 namespace ddp::detail {
 namespace {
 
@@ -32,17 +34,8 @@ std::string shape_of(const std::vector<int64_t>& meta, size_t& at) {
   return out.str();
 }
 
-at::Tensor on_group_device(at::Tensor tensor, const std::vector<at::Tensor>& params) {
-  return params.empty() ? tensor : tensor.to(params.front().device());
-}
-
 void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
-  try {
-    work->wait();
-  } catch (const std::exception& error) {
-    throw std::runtime_error(std::string("DistributedDataParallel: ") + what +
-                             " failed (a peer rank may have died or timed out): " + error.what());
-  }
+  wait_collective(work, [what] { return std::string("DistributedDataParallel: ") + what; });
 }
 
 }  // namespace
@@ -51,12 +44,12 @@ void verify_same_parameters(const std::vector<at::Tensor>& params, const std::ve
                             const ProcessGroupPtr& group) {
   const std::vector<int64_t> mine = describe(params);
   // Rank 0's description, length first.
-  at::Tensor length = on_group_device(at::tensor({static_cast<int64_t>(mine.size())}, at::kLong), params);
+  at::Tensor length = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong).to(collective_device(group));
   std::vector<at::Tensor> length_list{length};
   wait(group->broadcast(length_list), "the parameter check");
   at::Tensor theirs_tensor = at::zeros({length.cpu().item<int64_t>()}, at::kLong);
   if (group->getRank() == 0) theirs_tensor = at::tensor(mine, at::kLong);
-  theirs_tensor = on_group_device(theirs_tensor, params);
+  theirs_tensor = theirs_tensor.to(collective_device(group));
   std::vector<at::Tensor> theirs_list{theirs_tensor};
   wait(group->broadcast(theirs_list), "the parameter check");
   theirs_tensor = theirs_tensor.cpu();
@@ -82,7 +75,7 @@ void verify_same_parameters(const std::vector<at::Tensor>& params, const std::ve
     detail = "rank " + std::to_string(group->getRank()) + " has " + std::to_string(params.size()) +
              " parameters but rank 0 has " + std::to_string(theirs[0]);
   }
-  at::Tensor smallest = on_group_device(at::tensor({first}, at::kLong), params);
+  at::Tensor smallest = at::tensor({first}, at::kLong).to(collective_device(group));
   std::vector<at::Tensor> smallest_list{smallest};
   c10d::AllreduceOptions min;
   min.reduceOp = c10d::ReduceOp::MIN;

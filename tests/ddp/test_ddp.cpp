@@ -430,3 +430,55 @@ TEST(DDPErrors, DeadRankBecomesAnErrorNotAHang) {
 }
 
 }  // namespace
+
+namespace {
+
+// How many post-hooks each parameter's gradient accumulator carries.
+std::vector<size_t> hook_counts(const std::vector<torch::Tensor>& params) {
+  std::vector<size_t> counts;
+  for (const auto& p : params) counts.push_back(torch::autograd::impl::grad_accumulator(p)->post_hooks().size());
+  return counts;
+}
+
+// Wrapping a module again, while the old wrapper is still alive (`model = DDP(...)` builds the new
+// one first) and after it is gone, leaves exactly one hook per parameter, and gradients are
+// averaged exactly once.
+DDP_WORKER(rewrap) {
+  auto pg = worker_init();
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  MLP net;
+  const auto params = net->parameters();
+  // Hold the accumulators, as a live wrapper does, so that hooks left behind would stay visible.
+  std::vector<std::shared_ptr<torch::autograd::Node>> keep;
+  for (const auto& p : params) keep.push_back(torch::autograd::impl::grad_accumulator(p));
+  const auto none = hook_counts(params);
+  auto with = [&](size_t extra) {
+    auto counts = none;
+    for (auto& c : counts) c += extra;
+    return counts;
+  };
+  {
+    auto first = std::make_unique<ddp::DistributedDataParallel<MLPImpl>>(net.ptr(), pg);
+    require(hook_counts(params) == with(1), "one wrapper: one hook per parameter");
+    auto second = std::make_unique<ddp::DistributedDataParallel<MLPImpl>>(net.ptr(), pg);
+    first.reset();
+    require(hook_counts(params) == with(1), "after replacing the wrapper: still one hook per parameter");
+  }
+  require(hook_counts(params) == none, "after the last wrapper is gone: no hook left");
+  for (int round = 0; round < 3; ++round) {
+    ddp::DistributedDataParallel model(net, pg);
+    require(hook_counts(params) == with(1), "wrapped again: one hook per parameter");
+  }
+  // One more wrapper trains: the average of the ranks' gradients, once.
+  MLP reference;
+  copy_parameters(*net, *reference);
+  ddp::DistributedDataParallel model(net, pg);
+  auto [x, y] = batch(0);
+  net->zero_grad();
+  torch::mse_loss(model.forward(shard(x, rank, world)), shard(y, rank, world)).backward();
+  torch::mse_loss(reference->forward(x), y).backward();
+  expect_same_grads(reference, net->parameters(), "after re-wrapping");
+}
+TEST(DDP, RewrappingLeavesExactlyOneSetOfHooks) { EXPECT_WORKERS_OK(run_workers("rewrap", 2)); }
+
+}  // namespace

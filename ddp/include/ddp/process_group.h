@@ -2,6 +2,7 @@
 // Process groups: rendezvous (env://, tcp://, file://), the default group, and the few
 // collectives a training script calls directly. Mirrors torch.distributed's free functions.
 #include <chrono>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -38,7 +39,15 @@ ProcessGroupPtr default_group();
 // Drops the default group (its workers shut down once the last reference goes).
 void destroy_process_group();
 
-// Free functions on a group (the default group when `group` is null). All block until done.
+// A collective that failed: a peer rank died, hung past the group's timeout, or ran a different
+// sequence of collectives. Thrown by every blocking call below and by DDP's own collectives.
+class CollectiveError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Free functions on a group (the default group when `group` is null). All block until done and
+// throw CollectiveError when the collective fails.
 int get_rank(const ProcessGroupPtr& group = {});
 int get_world_size(const ProcessGroupPtr& group = {});
 void barrier(const ProcessGroupPtr& group = {});
@@ -50,5 +59,10 @@ std::vector<at::Tensor> all_gather(const at::Tensor& tensor, const ProcessGroupP
 
 // LOCAL_RANK from the environment (0 when unset): which device this process should use.
 int local_rank();
+
+// The device a tensor must be on for a collective on `group` (the default group when null): the
+// CPU for Gloo, this process's GPU (cuda:<local_rank() % device count>) for NCCL, which moves CUDA
+// tensors only. The one rule every collective on small host-side values follows.
+c10::Device collective_device(const ProcessGroupPtr& group = {});
 
 }  // namespace ddp

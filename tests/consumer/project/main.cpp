@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   torch::nn::Linear linear(4, 2);
   ddp::DistributedDataParallel model(linear);
   model.forward(torch::ones({3, 4})).sum().backward();
+  std::cout << "torchddp " << TORCHDDP_VERSION << "\n";
   std::cout << "consumer ok: grad sum " << model->weight.grad().sum().item<float>() << std::endl;
   return model.reduction_stats().iterations_reduced == 1 ? 0 : 1;
 }

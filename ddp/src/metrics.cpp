@@ -46,14 +46,9 @@ Metrics Metrics::all_reduce(const ProcessGroupPtr& group) const {
     data[i++] = entry.second.count;
   }
   const ProcessGroupPtr& pg = group ? group : default_group();
-  if (pg->getBackendName() == "nccl") {
-    // NCCL reduces device tensors only.
-    auto on_device = packed.to(torch::Device(torch::kCUDA, local_rank()));
-    ddp::all_reduce(on_device, c10d::ReduceOp::SUM, pg);
-    packed = on_device.cpu();
-  } else {
-    ddp::all_reduce(packed, c10d::ReduceOp::SUM, pg);
-  }
+  at::Tensor on_device = packed.to(collective_device(pg));
+  ddp::all_reduce(on_device, c10d::ReduceOp::SUM, pg);
+  packed = on_device.cpu();
   data = packed.data_ptr<double>();
 
   const int world = get_world_size(pg);

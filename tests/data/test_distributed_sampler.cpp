@@ -27,7 +27,7 @@ Indices drain(ddp::DistributedSampler& sampler, size_t batch_size) {
 }
 
 // --- identical to PyTorch -------------------------------------------------------------------------
-// tests/sampler/data/expected_sequences.txt holds what torch.utils.data.distributed.DistributedSampler
+// tests/data/recorded/expected_sequences.txt holds what torch.utils.data.distributed.DistributedSampler
 // (PyTorch 1.13, Debian's python3-torch) yields for each case; it was written by
 // `/usr/bin/python3 tools/gen_sampler_expected.py`. Each line:
 //   <dataset_size> <num_replicas> <rank> <shuffle> <seed> <epoch> <drop_last> : <indices...>

@@ -1,0 +1,26 @@
+#pragma once
+// Training state that is neither the model nor the optimizer (a GradScaler's scale, a comm hook's
+// error-feedback matrices): anything that implements Stateful is saved by save_checkpoint and
+// restored by load_checkpoint (checkpoint.h: CheckpointOptions::state / LoadOptions::state).
+#include <map>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+namespace ddp {
+
+// Named tensors. Scalars are 0-dim tensors (int64 counters, double factors), so that they
+// round-trip bitwise.
+using TensorDict = std::map<std::string, at::Tensor>;
+
+class Stateful {
+ public:
+  virtual ~Stateful() = default;
+  // A snapshot of the state. Tensors may live on any device; a checkpoint stores them on the CPU.
+  virtual TensorDict state_dict() const = 0;
+  // Restores a snapshot taken by state_dict() (its tensors may be on the CPU: move them where they
+  // belong). Throws std::invalid_argument naming a missing or misshaped entry.
+  virtual void load_state_dict(const TensorDict& state) = 0;
+};
+
+}  // namespace ddp
