@@ -73,4 +73,8 @@ c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(const std::string& host, Optio
   return c10::make_intrusive<c10d::TCPStore>(host, options);
 }
 
+// Whether ProcessGroupGloo reduces bfloat16 tensors. LibTorch 1.13's does not ("Invalid scalar
+// type", checked on Debian's 1.13.1); the bf16 hooks then sum by allgather instead.
+inline constexpr bool kGlooReducesBFloat16 = false;
+
 }  // namespace ddp::compat

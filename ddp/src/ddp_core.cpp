@@ -93,6 +93,13 @@ void DDPCore::module_moved() {
   }
 }
 
+void DDPCore::register_comm_hook(CommHook hook) { impl_->reducer->register_comm_hook(std::move(hook)); }
+
+Stateful* DDPCore::comm_hook_state() const {
+  const CommHook* hook = impl_->reducer->comm_hook();
+  return hook ? hook->state().get() : nullptr;
+}
+
 ReductionStats DDPCore::stats() const {
   const ReducerStats raw = impl_->reducer->stats();
   ReductionStats stats;

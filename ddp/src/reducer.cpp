@@ -130,9 +130,47 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   }
   buckets_ = std::move(buckets);
   bucket_order_ = order;
+  if (hook_runner_) hook_runner_->set_buckets(hook_buckets());
   used_host_ = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
   const auto device = collective_device(group_);
   used_device_ = device.is_cpu() ? used_host_ : used_host_.to(device);
+}
+
+// What a communication hook sees of each bucket: views of the reducer's own storage.
+std::vector<GradBucket> Reducer::hook_buckets() const {
+  std::vector<GradBucket> out;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    const Bucket& bucket = buckets_[b];
+    std::vector<at::Tensor> params;
+    std::vector<int64_t> offsets;
+    int64_t offset = 0;
+    for (size_t p : bucket.params) {
+      params.push_back(params_[p]);
+      offsets.push_back(offset);
+      offset += params_[p].numel();
+    }
+    out.emplace_back(b, buckets_.size(), bucket.flat, bucket.views, std::move(params), std::move(offsets), group_);
+  }
+  return out;
+}
+
+void Reducer::register_comm_hook(CommHook hook) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (hook_runner_) {
+    fail("a communication hook ('" + hook_runner_->hook().name() + "') is already registered; register_comm_hook "
+         "can be called only once (to combine hooks, wrap one in the other, e.g. hooks::fp16_compress_wrapper).");
+  }
+  if (training_forwards_ > 0) {
+    fail("register_comm_hook must be called before training starts (before the first forward() with "
+         "gradients enabled); the buckets of the iterations so far were reduced without it.");
+  }
+  hook_runner_ = std::make_unique<HookRunner>(std::move(hook), kDefaultTimeout);
+  hook_runner_->set_buckets(hook_buckets());
+}
+
+const CommHook* Reducer::comm_hook() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return hook_runner_ ? &hook_runner_->hook() : nullptr;
 }
 
 void Reducer::reallocate_buckets() {
@@ -184,6 +222,7 @@ bool Reducer::wants_outputs() const {
 
 void Reducer::prepare_for_backward(bool sync, const std::vector<at::Tensor>& outputs) {
   std::lock_guard<std::mutex> lock(mutex_);
+  ++training_forwards_;
   if (!sync) {
     state_ = State::kAccumulating;
     return;
@@ -192,6 +231,7 @@ void Reducer::prepare_for_backward(bool sync, const std::vector<at::Tensor>& out
   std::fill(ready_.begin(), ready_.end(), 0);
   for (auto& bucket : buckets_) bucket.pending = bucket.params.size();
   next_bucket_ = 0;
+  if (hook_runner_) hook_runner_->begin_pass();
   if (iterations_reduced_ == 0) ready_order_.clear();
   track_usage_ = wants_outputs();
   if (track_usage_) {
@@ -280,7 +320,9 @@ void Reducer::mark_ready(size_t param, bool used) {
       fail("parameter '" + names_[param] + "' produced a sparse gradient; DistributedDataParallel "
            "reduces dense gradients only (e.g. construct torch::nn::Embedding with sparse(false)).");
     }
-    const bool average = group_->getSize() > 1;  // dividing by a world of one is a wasted pass
+    // Pre-divided while copying, unless a hook reduces (it gets the raw sums and averages itself);
+    // dividing by a world of one is a wasted pass.
+    const bool average = group_->getSize() > 1 && !hook_runner_;
     if (options_.gradient_as_bucket_view) {
       if (!grad.is_same(slot)) {  // first iteration, or the optimizer reset grads to undefined
         slot.copy_(grad);
@@ -305,8 +347,12 @@ void Reducer::mark_ready(size_t param, bool used) {
 void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_];
-    c10::OptionalDeviceGuard guard(bucket.flat.device());
-    bucket.work = group_->allreduce(bucket.collective);
+    if (hook_runner_) {
+      hook_runner_->submit(next_bucket_);
+    } else {
+      c10::OptionalDeviceGuard guard(bucket.flat.device());
+      bucket.work = group_->allreduce(bucket.collective);
+    }
     ++collectives_launched_;
     ++next_bucket_;
   }
@@ -340,31 +386,53 @@ void Reducer::finalize() {
     return;
   }
 
-  c10::intrusive_ptr<c10d::Work> usage_work;
-  if (track_usage_) {
-    if (!used_device_.is_same(used_host_)) used_device_.copy_(used_host_);
-    std::vector<at::Tensor> usage{used_device_};
-    c10d::AllreduceOptions max;
-    max.reduceOp = c10d::ReduceOp::MAX;
-    usage_work = group_->allreduce(usage, max);
-  }
   struct DiscardOnError {
     Reducer* reducer;
     bool armed = true;
     ~DiscardOnError() { if (armed) reducer->discard_iteration(); }
   } guard{this};
-  for (size_t b = 0; b < buckets_.size(); ++b) wait_for_bucket(b);
-  if (usage_work) {
-    wait_collective(usage_work, [] { return "DistributedDataParallel: the exchange of which parameters got gradients"; });
-    if (!used_device_.is_same(used_host_)) used_host_.copy_(used_device_);
-    const int32_t* used = used_host_.data_ptr<int32_t>();
-    for (size_t p = 0; p < params_.size(); ++p) globally_unused_[p] = used[p] == 0;
-    if (options_.static_graph) graph_learnt_ = true;
-  }
+  // The usage exchange is a collective as well, so it must come after the bucket reductions on
+  // every rank. Without a hook they all went out from this thread already: launch it now and let
+  // it overlap the waits. A hook may still be issuing collectives on its thread: wait first.
+  c10::intrusive_ptr<c10d::Work> usage_work;
+  if (track_usage_ && !hook_runner_) usage_work = launch_usage_exchange();
+  wait_for_buckets();
+  if (track_usage_ && hook_runner_) usage_work = launch_usage_exchange();
+  if (usage_work) read_usage_exchange(usage_work);
   write_back_gradients();
   guard.armed = false;
   ++iterations_reduced_;
   state_ = State::kIdle;
+}
+
+// Every rank's "I produced a gradient for it" flags, reduced with MAX: a parameter stays without a
+// gradient only when no rank used it.
+c10::intrusive_ptr<c10d::Work> Reducer::launch_usage_exchange() {
+  if (!used_device_.is_same(used_host_)) used_device_.copy_(used_host_);
+  std::vector<at::Tensor> usage{used_device_};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  return group_->allreduce(usage, max);
+}
+
+void Reducer::read_usage_exchange(const c10::intrusive_ptr<c10d::Work>& work) {
+  wait_collective(work, [] { return "DistributedDataParallel: the exchange of which parameters got gradients"; });
+  if (!used_device_.is_same(used_host_)) used_host_.copy_(used_device_);
+  const int32_t* used = used_host_.data_ptr<int32_t>();
+  for (size_t p = 0; p < params_.size(); ++p) globally_unused_[p] = used[p] == 0;
+  if (options_.static_graph) graph_learnt_ = true;
+}
+
+// Waits for every bucket's reduction; the averages are then in the buckets.
+void Reducer::wait_for_buckets() {
+  if (hook_runner_) {
+    const std::vector<at::Tensor>& averages = hook_runner_->wait_all();  // throws naming the bucket
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      if (!averages[b].is_same(buckets_[b].flat)) buckets_[b].flat.copy_(averages[b]);
+    }
+    return;
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) wait_for_bucket(b);
 }
 
 void Reducer::wait_for_bucket(size_t b) {
@@ -398,6 +466,7 @@ void Reducer::write_back_gradients() {
 
 // Leaves no collective of this rank half-done and returns to idle.
 void Reducer::discard_iteration() {
+  if (hook_runner_) hook_runner_->abandon();
   for (size_t b = 0; b < next_bucket_; ++b) {
     if (!buckets_[b].work) continue;
     try {

@@ -6,6 +6,9 @@
 //     -> launch_ready_buckets()  every bucket whose members are all ready, in bucket order
 //   finalize()               end of backward: wait for the allreduces, write averages back
 //
+// With a communication hook, buckets hold raw sums and "launch" hands a bucket to the hook thread
+// (hook_runner.h) instead of starting an allreduce; finalize waits for the hooks' results.
+//
 // Bucket assignment (which parameters share a bucket) is a separate pure function
 // (bucket_assignment.h); this class owns the per-iteration state machine and the buckets.
 #include <memory>
@@ -18,7 +21,9 @@
 #include <torch/csrc/autograd/function.h>
 
 #include "bucket.h"
+#include "ddp/comm_hooks.h"
 #include "ddp/process_group.h"
+#include "hook_runner.h"
 
 namespace ddp::detail {
 
@@ -56,6 +61,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // Re-allocates bucket storage and re-hooks replaced gradient accumulators after the
   // parameters moved (module.to(device/dtype)).
   void reallocate_buckets();
+  // Reduces every bucket through `hook` from now on. Once, before training starts.
+  void register_comm_hook(CommHook hook);
+  // The registered hook, or null.
+  const CommHook* comm_hook() const;
 
   ReducerStats stats() const;
 
@@ -69,11 +78,15 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void mark_ready(size_t param, bool used);
   void launch_ready_buckets();
   void finalize();
+  void wait_for_buckets();
   void wait_for_bucket(size_t bucket);
+  c10::intrusive_ptr<c10d::Work> launch_usage_exchange();
+  void read_usage_exchange(const c10::intrusive_ptr<c10d::Work>& work);
   void write_back_gradients();
 
   // --- set-up -----------------------------------------------------------------------------------
   void build_buckets(const std::vector<size_t>& order);
+  std::vector<GradBucket> hook_buckets() const;
   void rebuild_buckets_in_observed_order();
   std::vector<size_t> find_unused(const std::vector<at::Tensor>& outputs) const;
   void discard_iteration();
@@ -113,6 +126,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<size_t> ready_order_;   // first iteration's gradient order, for the one rebuild
   bool rebuilt_ = false;
   std::string error_;                 // raised at the next forward
+  std::unique_ptr<HookRunner> hook_runner_;  // set by register_comm_hook
+  int64_t training_forwards_ = 0;     // forwards that armed the reducer (training has begun)
   int64_t collectives_launched_ = 0;
   int64_t iterations_reduced_ = 0;
 };

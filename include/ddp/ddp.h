@@ -6,6 +6,7 @@
 
 // ddp/: process groups, collectives, DistributedDataParallel
 #include <ddp/bucket_assignment.h>
+#include <ddp/comm_hooks.h>
 #include <ddp/ddp_options.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/metrics.h>

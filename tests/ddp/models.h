@@ -60,6 +60,17 @@ struct BranchyImpl : torch::nn::Module {
 };
 TORCH_MODULE(Branchy);
 
+// The same data on every rank (seeded by step); rank r trains on its slice. 12 rows divide by
+// world sizes 1, 2, 3.
+inline std::pair<torch::Tensor, torch::Tensor> batch(int step, int64_t features = 10, int64_t rows = 12) {
+  torch::manual_seed(1000 + step);
+  return {torch::randn({rows, features}), torch::randn({rows, 5})};
+}
+inline torch::Tensor shard(const torch::Tensor& t, int rank, int world) {
+  const int64_t per = t.size(0) / world;
+  return t.narrow(0, rank * per, per);
+}
+
 // Gives `to` the weights of `from` (same architecture): references start where DDP models start.
 inline void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
   torch::NoGradGuard no_grad;

@@ -15,17 +15,6 @@ namespace {
 
 using namespace ddp::test;
 
-constexpr int64_t kBatch = 12;  // divisible by world sizes 1, 2, 3
-
-// The same data on every rank; rank r trains on its slice.
-std::pair<torch::Tensor, torch::Tensor> batch(int step, int64_t features = 10) {
-  torch::manual_seed(1000 + step);
-  return {torch::randn({kBatch, features}), torch::randn({kBatch, 5})};
-}
-torch::Tensor shard(const torch::Tensor& t, int rank, int world) {
-  const int64_t per = t.size(0) / world;
-  return t.narrow(0, rank * per, per);
-}
 
 template <typename M>
 void expect_same_grads(const M& reference, const std::vector<torch::Tensor>& actual, const std::string& what) {

@@ -17,14 +17,6 @@ namespace {
 
 using namespace ddp::test;
 
-std::pair<torch::Tensor, torch::Tensor> batch(int step, int64_t features = 10, int64_t rows = 12) {
-  torch::manual_seed(2000 + step);
-  return {torch::randn({rows, features}), torch::randn({rows, 5})};
-}
-torch::Tensor shard(const torch::Tensor& t, int rank, int world) {
-  const int64_t per = t.size(0) / world;
-  return t.narrow(0, rank * per, per);
-}
 void expect_same_grads(torch::nn::Module& expected, torch::nn::Module& actual, const std::string& what) {
   auto want = expected.named_parameters(), got = actual.named_parameters();
   for (const auto& item : want) {

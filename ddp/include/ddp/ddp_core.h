@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 
+#include <ddp/comm_hooks.h>
 #include <ddp/ddp_options.h>
 
 namespace ddp {
@@ -40,6 +41,10 @@ class DDPCore {
   void set_require_sync(bool sync) { require_sync_ = sync; }
   // The parameters moved (module.to(...)): re-allocate buckets and broadcast buffers.
   void module_moved();
+
+  void register_comm_hook(CommHook hook);
+  // The registered hook's state (null without a hook, or for a stateless one).
+  Stateful* comm_hook_state() const;
 
   const DDPOptions& options() const { return options_; }
   const ProcessGroupPtr& process_group() const { return options_.process_group(); }

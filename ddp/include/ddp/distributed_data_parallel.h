@@ -133,6 +133,15 @@ class DistributedDataParallel {
   // communication; the first backward after it reduces the accumulated sum.
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(*core_); }
 
+  // Replaces how each gradient bucket is reduced (ddp/comm_hooks.h states the hook's contract):
+  //   model.register_comm_hook(ddp::hooks::fp16_compress());
+  // Once per wrapper, before training starts (before the first forward with gradients enabled);
+  // otherwise throws std::runtime_error saying which rule was broken.
+  void register_comm_hook(CommHook hook) { core_->register_comm_hook(std::move(hook)); }
+  // The registered hook's state (PowerSGD's matrices, ...), or null. save_checkpoint and
+  // load_checkpoint, given this wrapper, carry it under the name "comm_hook".
+  Stateful* comm_hook_state() const { return core_->comm_hook_state(); }
+
   std::shared_ptr<ModuleType> module() const { return module_; }
   ModuleType* operator->() const { return module_.get(); }
 
