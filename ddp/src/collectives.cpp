@@ -3,6 +3,7 @@
 #include <torch/cuda.h>
 
 #include "collective.h"
+#include "desync.h"
 #include "ddp/process_group.h"
 
 namespace ddp {
@@ -35,24 +36,41 @@ c10::Device collective_device(const ProcessGroupPtr& group) {
 int get_rank(const ProcessGroupPtr& group) { return resolve(group)->getRank(); }
 int get_world_size(const ProcessGroupPtr& group) { return resolve(group)->getSize(); }
 
-void barrier(const ProcessGroupPtr& group) { detail::wait_collective(resolve(group)->barrier(), "ddp::barrier"); }
+// Each free collective first checks that every rank runs the same one (desync.h): a mismatch is a
+// CollectiveError on every rank instead of mismatched buffers paired inside the backend.
+namespace {
+detail::CollectiveFingerprint fingerprint(detail::CollectiveOp op, const at::Tensor& tensor, int root = -1) {
+  return {op, -1, tensor.scalar_type(), tensor.numel(), root};
+}
+}  // namespace
+
+void barrier(const ProcessGroupPtr& group) {
+  auto pg = resolve(group);
+  detail::verify_same_collective(pg, {detail::CollectiveOp::kBarrier}, "ddp::barrier");
+  detail::wait_collective(pg->barrier(), "ddp::barrier");
+}
 
 void all_reduce(at::Tensor& tensor, c10d::ReduceOp op, const ProcessGroupPtr& group) {
+  auto pg = resolve(group);
+  detail::verify_same_collective(pg, fingerprint(detail::CollectiveOp::kAllReduce, tensor), "ddp::all_reduce");
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = op;
-  detail::wait_collective(resolve(group)->allreduce(tensors, options), "ddp::all_reduce");
+  detail::wait_collective(pg->allreduce(tensors, options), "ddp::all_reduce");
 }
 
 void broadcast(at::Tensor& tensor, int src, const ProcessGroupPtr& group) {
+  auto pg = resolve(group);
+  detail::verify_same_collective(pg, fingerprint(detail::CollectiveOp::kBroadcast, tensor, src), "ddp::broadcast");
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = src;
-  detail::wait_collective(resolve(group)->broadcast(tensors, options), "ddp::broadcast");
+  detail::wait_collective(pg->broadcast(tensors, options), "ddp::broadcast");
 }
 
 std::vector<at::Tensor> all_gather(const at::Tensor& tensor, const ProcessGroupPtr& group) {
   auto pg = resolve(group);
+  detail::verify_same_collective(pg, fingerprint(detail::CollectiveOp::kAllGather, tensor), "ddp::all_gather");
   std::vector<at::Tensor> input{tensor.contiguous()};
   std::vector<std::vector<at::Tensor>> output(1);
   for (int r = 0; r < pg->getSize(); ++r) output[0].push_back(at::empty_like(input[0]));

@@ -5,6 +5,7 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include "backends.h"
 #include "reducer.h"
 #include "state_sync.h"
 
@@ -12,6 +13,7 @@ namespace ddp::detail {
 
 struct DDPCore::Impl {
   torch::nn::Module* module = nullptr;
+  ProcessGroupPtr group;           // what DDP's collectives run on (see the constructor)
   std::vector<at::Tensor> params;  // those that require grad, deduplicated, registration order
   std::vector<std::string> names;
   std::vector<at::Tensor> buffers;
@@ -22,7 +24,13 @@ struct DDPCore::Impl {
 DDPCore::DDPCore(torch::nn::Module& module, DDPOptions options)
     : impl_(std::make_unique<Impl>()), options_(std::move(options)) {
   if (!options_.process_group()) options_.process_group(ddp::default_group());
-  const auto& group = options_.process_group();
+  // DDP's own collectives go over a group of their own (same ranks, own connections), so that none
+  // of them can ever pair with a collective the program runs on the group it passed in: uneven
+  // loops become an error instead of silently averaging the wrong tensors. A group this library did
+  // not make (built with c10d directly) cannot be split: then DDP shares it.
+  impl_->group = split_off(options_.process_group(), "ddp");
+  if (!impl_->group) impl_->group = options_.process_group();
+  const ProcessGroupPtr& group = impl_->group;
   if (options_.bucket_cap_mb() < 0 || options_.first_bucket_cap_mb() < 0) {
     throw std::invalid_argument("DistributedDataParallel: bucket_cap_mb and first_bucket_cap_mb must be >= 0, got " +
                                 std::to_string(options_.bucket_cap_mb()) + " and " +
@@ -89,7 +97,7 @@ void DDPCore::after_forward(const std::vector<at::Tensor>& outputs) {
 void DDPCore::module_moved() {
   impl_->reducer->reallocate_buckets();
   if (impl_->buffer_broadcaster) {
-    impl_->buffer_broadcaster = std::make_unique<TensorBroadcaster>(impl_->buffers, options_.process_group());
+    impl_->buffer_broadcaster = std::make_unique<TensorBroadcaster>(impl_->buffers, impl_->group);
   }
 }
 

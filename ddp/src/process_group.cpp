@@ -12,13 +12,9 @@
 
 #include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#ifdef DDP_HAVE_NCCL
-#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
-#endif
 
+#include "backends.h"
 #include "compat.h"
 
 namespace ddp {
@@ -93,43 +89,12 @@ void check_resolvable(const std::string& host, const std::string& what, const st
 #endif
 }
 
-bool is_loopback(const std::string& host) {
-  return host == "localhost" || host.rfind("127.", 0) == 0 || host == "::1";
-}
-
-std::shared_ptr<::gloo::transport::Device> make_gloo_device(const std::string& master_host) {
-  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname != '\0') {
-    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
-  }
-  if (is_loopback(master_host)) {
-    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
-  }
-  return c10d::ProcessGroupGloo::createDefaultDevice();
-}
-
 constexpr bool kHaveNccl =
 #ifdef DDP_HAVE_NCCL
     true;
 #else
     false;
 #endif
-
-// The backend's own process group over `store`.
-ProcessGroupPtr make_backend(const std::string& backend, const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                             int size, std::chrono::milliseconds timeout, const std::string& master_host) {
-#ifdef DDP_HAVE_NCCL
-  if (backend == "nccl") {
-    auto options = c10d::ProcessGroupNCCL::Options::create();
-    options->timeout = timeout;
-    return compat::as_process_group(c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, options),
-                                    store, timeout, {c10::DeviceType::CUDA});
-  }
-#endif
-  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
-  options->devices.push_back(make_gloo_device(master_host));
-  return compat::as_process_group(c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options), store,
-                                  timeout, {c10::DeviceType::CPU, c10::DeviceType::CUDA});
-}
 
 std::string describe_ranks(const std::vector<int>& ranks) {
   std::ostringstream out;
@@ -252,8 +217,8 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
   store->setTimeout(options.timeout);
   rendezvous(*store, rank, world_size, options.timeout, where);
 
-  auto backend_store = c10::make_intrusive<c10d::PrefixStore>(backend, store);
-  ProcessGroupPtr group = make_backend(backend, backend_store, rank, world_size, options.timeout, master_host);
+  ProcessGroupPtr group =
+      detail::make_group(detail::GroupRecipe{backend, store, rank, world_size, options.timeout, master_host}, backend);
   // Return only once every rank has finished connecting (like torch.distributed's store-based
   // barrier): a rank that finishes first and exits at once would otherwise break a peer still in
   // Gloo's connectFullMesh ("Connection closed by peer").

@@ -11,6 +11,7 @@
 
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
+#include "backends.h"
 #include "collective.h"
 #include "ddp/bucket_assignment.h"
 
@@ -164,7 +165,7 @@ void Reducer::register_comm_hook(CommHook hook) {
     fail("register_comm_hook must be called before training starts (before the first forward() with "
          "gradients enabled); the buckets of the iterations so far were reduced without it.");
   }
-  hook_runner_ = std::make_unique<HookRunner>(std::move(hook), kDefaultTimeout);
+  hook_runner_ = std::make_unique<HookRunner>(std::move(hook), timeout_of(group_));
   hook_runner_->set_buckets(hook_buckets());
 }
 

@@ -47,7 +47,11 @@ class CollectiveError : public std::runtime_error {
 };
 
 // Free functions on a group (the default group when `group` is null). All block until done and
-// throw CollectiveError when the collective fails.
+// throw CollectiveError when the collective fails. Each first checks, with a small fixed-size
+// exchange, that every rank is running the same collective with the same size and dtype (and
+// root): ranks that disagree all get a CollectiveError naming what each rank ran, instead of the
+// backend pairing mismatched buffers. (Mixing these with raw c10d calls on the same group
+// defeats that check: keep to one or the other on a group.)
 int get_rank(const ProcessGroupPtr& group = {});
 int get_world_size(const ProcessGroupPtr& group = {});
 void barrier(const ProcessGroupPtr& group = {});

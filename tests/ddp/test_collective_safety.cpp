@@ -1,0 +1,106 @@
+// Collectives that do not match across ranks: never a silently wrong result, never an abort the
+// program cannot catch; an error on every rank that says what each rank ran.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ddp/distributed_data_parallel.h>
+
+#include "models.h"
+#include "multiprocess.h"
+
+namespace {
+
+using namespace ddp::test;
+
+std::string error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const ddp::CollectiveError& error) {
+    return error.what();
+  } catch (const std::exception& error) {
+    return std::string("not a CollectiveError: ") + error.what();
+  }
+  return "";
+}
+
+void require_mentions(const std::string& message, const std::string& part, const std::string& what) {
+  require(message.find(part) != std::string::npos, what + ": expected '" + part + "' in: " + message);
+}
+
+// Rank 0 all-reduces 1000 floats, rank 1 999: Gloo used to abort rank 1 in its transport thread
+// ("op.preamble.length <= op.nbytes", SIGABRT). Now both ranks get a CollectiveError naming both.
+DDP_WORKER(mismatched_sizes) {
+  worker_init(std::chrono::seconds(20));
+  const int rank = ddp::get_rank();
+  auto tensor = torch::ones({rank == 0 ? 1000 : 999});
+  auto message = error_of([&] { ddp::all_reduce(tensor); });
+  require_mentions(message, "ddp::all_reduce: the ranks are not running the same collective", "sizes");
+  require_mentions(message, "rank 0 runs all_reduce of 1000 Float elements", "sizes");
+  require_mentions(message, "rank 1 runs all_reduce of 999 Float elements", "sizes");
+  // The group is still usable afterwards: the check ran before any payload moved.
+  auto ok = torch::ones({4});
+  ddp::all_reduce(ok);
+  require(ok.sum().item<float>() == 8, "the group is broken after the mismatch");
+}
+TEST(CollectiveSafety, MismatchedSizesAreAnErrorOnEveryRankNotAnAbort) {
+  EXPECT_WORKERS_OK(run_workers("mismatched_sizes", 2));
+}
+
+// Different collectives (a broadcast against an all_reduce, different dtypes, different roots).
+DDP_WORKER(mismatched_ops) {
+  worker_init(std::chrono::seconds(20));
+  const int rank = ddp::get_rank();
+  auto tensor = torch::ones({8});
+  auto ops = error_of([&] {
+    if (rank == 0) ddp::broadcast(tensor, 0);
+    else ddp::all_reduce(tensor);
+  });
+  require_mentions(ops, "rank 0 runs broadcast of 8 Float elements from rank 0", "ops");
+  require_mentions(ops, "rank 1 runs all_reduce of 8 Float elements", "ops");
+  auto dtypes = error_of([&] {
+    auto typed = rank == 0 ? torch::ones({8}) : torch::ones({8}, torch::kDouble);
+    ddp::all_reduce(typed);
+  });
+  require_mentions(dtypes, "8 Double elements", "dtypes");
+  auto roots = error_of([&] { ddp::broadcast(tensor, rank); });
+  require_mentions(roots, "from rank 1", "roots");
+}
+TEST(CollectiveSafety, DifferentCollectivesDtypesOrRootsAreNamed) { EXPECT_WORKERS_OK(run_workers("mismatched_ops", 2)); }
+
+// Issue 17's silent wrong answer: rank 0 trains 4 DDP steps, rank 1 trains 3 and then all-reduces
+// a tensor exactly the size of the gradient bucket. That all_reduce used to pair with rank 0's 4th
+// bucket: rank 0 took rank 1's tensor as gradient, both "succeeded" with diverged replicas. DDP's
+// collectives now run on a group of their own, so nothing pairs: both ranks get an error.
+DDP_WORKER(ddp_never_pairs_with_user) {
+  worker_init(std::chrono::seconds(4));
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  MLP net;
+  ddp::DistributedDataParallel model(net, ddp::DDPOptions().bucket_cap_mb(100).first_bucket_cap_mb(100));
+  require(model.reduction_stats().buckets.size() == 1, "the test wants one bucket");
+  int64_t bucket_numel = 0;
+  for (const auto& p : model.parameters()) bucket_numel += p.numel();
+  const int steps = rank == 0 ? 4 : 3;
+  std::string message;
+  for (int step = 0; step < steps && message.empty(); ++step) {
+    auto [x, y] = batch(step);
+    message = error_of([&] {
+      torch::mse_loss(model.forward(shard(x, rank, world)), shard(y, rank, world)).backward();
+    });
+  }
+  if (rank == 1) {
+    require(message.empty(), "rank 1's 3 steps failed: " + message);
+    auto impostor = torch::full({bucket_numel}, 1e6);
+    message = error_of([&] { ddp::all_reduce(impostor); });
+  }
+  require(!message.empty(), "rank " + std::to_string(rank) + " finished without an error: its collective paired "
+                            "with the other rank's unrelated one");
+  if (rank == 0) require_mentions(message, "gradient bucket 0", "rank 0");
+  if (rank == 1) require_mentions(message, "ddp::all_reduce", "rank 1");
+}
+TEST(CollectiveSafety, DdpCollectivesNeverPairWithTheProgramsOwn) {
+  RunOptions options;
+  options.timeout = std::chrono::seconds(60);
+  EXPECT_WORKERS_OK(run_workers("ddp_never_pairs_with_user", 2, options));
+}
+
+}  // namespace
