@@ -36,7 +36,7 @@ FuturePtr compress_around(GradBucket& bucket, at::ScalarType dtype, bool divide,
   FuturePtr reduced = reduce(bucket);
   bucket.set_buffer(original);
   return reduced->then(
-      [original](c10::ivalue::Future& done) mutable {
+      [original](c10::ivalue::Future& done) {
         original.copy_(first_tensor(done));
         return c10::IValue(original);
       },
@@ -53,7 +53,7 @@ FuturePtr bf16_sum_by_allgather(const ProcessGroupPtr& group, const at::Tensor& 
   for (int r = 0; r < group->getSize(); ++r) output[0].push_back(at::empty_like(input[0]));
   auto gathered = output[0];
   return group->allgather(output, input)->getFuture()->then(
-      [gathered, values](c10::ivalue::Future& done) mutable {
+      [gathered, values](c10::ivalue::Future& done) {
         done.value();  // rethrows the collective's error
         at::Tensor sum = at::zeros(values.sizes(), values.options().dtype(at::kFloat));
         for (const auto& words : gathered) sum.add_(words.view(at::kBFloat16));  // the same bits, read as bfloat16
