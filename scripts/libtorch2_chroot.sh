@@ -12,6 +12,7 @@
 #   MIRROR      Debian mirror (default: this machine's deb.debian.org-style apt source)
 #   SUITE       Debian suite (default trixie)
 #   JOBS        parallel build jobs (default: nproc)
+#   PREPARE_ONLY=1  stop once the chroot and its packages are in place (no build, no tests)
 #
 # Steps: debootstrap (skipped when the chroot exists) -> apt-get install the build dependencies
 # (skipped when installed) -> bind-mount this checkout at /src -> configure and build into the
@@ -94,6 +95,8 @@ if [[ -n $missing ]]; then
   log "installing in the chroot: $(echo $missing)"
   in_chroot "apt-get update -qq && apt-get install -y -qq --no-install-recommends $(echo $missing) >/dev/null"
 fi
+
+[[ ${PREPARE_ONLY:-0} == 1 ]] && { log "chroot ready at $CHROOT"; exit 0; }
 
 # --- 2. configure, build, test --------------------------------------------------------------------
 log "LibTorch in the chroot: libtorch-dev $(in_chroot "dpkg-query -W -f='\${Version}' libtorch-dev")"
