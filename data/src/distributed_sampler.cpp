@@ -51,9 +51,9 @@ int64_t resolve_rank(const DistributedSamplerOptions& options) {
 }  // namespace
 
 std::vector<size_t> distributed_indices(size_t dataset_size, int64_t num_replicas, int64_t rank,
-                                        bool shuffle, int64_t seed, int64_t epoch, bool drop_last) {
+                                        bool shuffle, int64_t seed, int64_t epoch, bool drop_last, bool pad) {
   const size_t world = static_cast<size_t>(num_replicas);
-  const size_t total = samples_per_rank(dataset_size, world, drop_last) * world;
+  const size_t total = !drop_last && !pad ? dataset_size : samples_per_rank(dataset_size, world, drop_last) * world;
 
   std::vector<size_t> order(dataset_size);
   if (shuffle) {
@@ -104,7 +104,7 @@ void DistributedSampler::set_epoch(int64_t epoch) {
   position_->epoch = epoch;
   position_->indices = distributed_indices(position_->dataset_size, num_replicas_, rank_,
                                            options_.shuffle(), options_.seed(), epoch,
-                                           options_.drop_last());
+                                           options_.drop_last(), options_.pad());
   position_->consumed = 0;
   position_->restored = false;
 }

@@ -219,6 +219,32 @@ TEST(DistributedSampler, WorksWithMakeDataLoaderAndSetEpochReachesIt) {
   EXPECT_EQ(rest, Indices(epoch1.begin() + 8, epoch1.end()));
 }
 
+// pad(false), for exact sharded evaluation: disjoint shards that together hold every sample exactly
+// once, in PyTorch's order without its padding, sizes differing by at most one. Checked against the
+// padded shards (PyTorch's, recorded above): each unpadded shard is a prefix of the padded one.
+TEST(DistributedSampler, UnpaddedShardsCoverEverySampleExactlyOnce) {
+  for (size_t n : {0u, 1u, 5u, 10u, 10000u, 10001u}) {
+    for (int64_t world : {1, 2, 3, 7}) {
+      for (bool shuffle : {false, true}) {
+        std::vector<int> seen(n, 0);
+        size_t smallest = n, largest = 0;
+        for (int64_t rank = 0; rank < world; ++rank) {
+          ddp::DistributedSampler sampler(n, options(world, rank).shuffle(shuffle).seed(3).pad(false));
+          const Indices padded = ddp::distributed_indices(n, world, rank, shuffle, 3, 0, false);
+          const Indices& mine = sampler.indices();
+          ASSERT_LE(mine.size(), padded.size());
+          EXPECT_TRUE(std::equal(mine.begin(), mine.end(), padded.begin())) << "n " << n << " world " << world;
+          for (size_t index : mine) ++seen[index];
+          smallest = std::min(smallest, mine.size());
+          largest = std::max(largest, mine.size());
+        }
+        for (size_t i = 0; i < n; ++i) ASSERT_EQ(seen[i], 1) << "sample " << i << " of " << n << ", world " << world;
+        EXPECT_LE(largest - std::min(smallest, largest), 1u);
+      }
+    }
+  }
+}
+
 // --- bad input ---------------------------------------------------------------------------------------
 std::string error_of(const std::function<void()>& body) {
   try {

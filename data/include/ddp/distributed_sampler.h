@@ -37,6 +37,12 @@ struct DistributedSamplerOptions {
   TORCH_ARG(int64_t, seed) = 0;
   // Drop the tail that does not divide evenly instead of padding it with repeated indices.
   TORCH_ARG(bool, drop_last) = false;
+  // false: neither pad nor drop. Rank r takes positions r, r + W, ... of the order below the
+  // dataset size, so the ranks' shards are disjoint, cover every sample exactly once, and differ
+  // in size by at most one. Meant for sharded evaluation, where a count over all ranks must be
+  // exact (PyTorch's padding counts some samples twice); training under DDP wants the same number
+  // of batches on every rank (the default, or ddp::Join). Ignored with drop_last.
+  TORCH_ARG(bool, pad) = true;
 };
 
 class DistributedSampler : public torch::data::samplers::Sampler<> {
@@ -48,7 +54,7 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   // Selects the shuffle of `epoch` and restarts at its beginning.
   void set_epoch(int64_t epoch);
   int64_t epoch() const;
-  // Samples this rank yields per epoch (the same on every rank).
+  // Samples this rank yields per epoch (the same on every rank, unless pad(false)).
   size_t size() const;
   size_t dataset_size() const;
   int64_t num_replicas() const { return num_replicas_; }
@@ -82,8 +88,10 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   std::shared_ptr<Position> position_;
 };
 
-// The indices rank `rank` of `num_replicas` gets in `epoch`, exactly as PyTorch computes them.
+// The indices rank `rank` of `num_replicas` gets in `epoch`, exactly as PyTorch computes them
+// (with pad false: the same order, without the padding).
 std::vector<size_t> distributed_indices(size_t dataset_size, int64_t num_replicas, int64_t rank,
-                                        bool shuffle, int64_t seed, int64_t epoch, bool drop_last);
+                                        bool shuffle, int64_t seed, int64_t epoch, bool drop_last,
+                                        bool pad = true);
 
 }  // namespace ddp
