@@ -238,7 +238,7 @@ StateDict parse_state_dict_archive(const std::vector<char>& zip, const std::stri
   try {
     const auto rewritten = with_plain_dict(zip);
     root = torch::jit::pickle_load(rewritten ? *rewritten : zip);
-    if (rewritten && root.isGenericDict()) root.toGenericDict().erase(kHookKey);
+    if (rewritten && root.isGenericDict()) (void)root.toGenericDict().erase(kHookKey);  // 2.x marks erase nodiscard
   } catch (const std::exception& error) {
     throw CheckpointError("cannot read the model state in " + path + ": " + error.what());
   }

@@ -10,7 +10,7 @@
 namespace ddp::detail {
 namespace {
 
-constexpr int64_t kFields = 5;
+constexpr int64_t kFields = 6;
 
 const char* name_of(int64_t op) {
   switch (static_cast<CollectiveOp>(op)) {
@@ -35,6 +35,7 @@ std::string describe(const int64_t* f) {
     out << " of " << f[3] << " " << c10::toString(static_cast<c10::ScalarType>(f[2])) << " elements";
   }
   if (f[4] >= 0) out << " from rank " << f[4];
+  if (f[5] >= 0) out << " in iteration " << f[5];
   return out.str();
 }
 
@@ -44,7 +45,7 @@ void verify_same_collective(const ProcessGroupPtr& group, const CollectiveFinger
   const int world = group->getSize();
   if (world == 1) return;
   at::Tensor own = at::tensor({static_cast<int64_t>(mine.op), mine.index, static_cast<int64_t>(mine.dtype), mine.numel,
-                               mine.root},
+                               mine.root, mine.iteration},
                               at::kLong);
   std::vector<at::Tensor> input{own.to(collective_device(group))};
   std::vector<std::vector<at::Tensor>> output(1);

@@ -33,6 +33,7 @@ struct CollectiveFingerprint {
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   int64_t numel = 0;
   int64_t root = -1;   // a broadcast's source rank, -1 when it does not apply
+  int64_t iteration = -1;  // DDP: synchronized backward passes so far, -1 when it does not apply
 };
 
 // Collective on `group`. Returns when every rank holds the same fingerprint; otherwise throws

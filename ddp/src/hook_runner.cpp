@@ -114,9 +114,11 @@ void HookRunner::run() {
 at::Tensor HookRunner::call_hook(size_t index) {
   GradBucket& bucket = buckets_[index];
   bucket.set_buffer(own_buffers_[index]);  // undo what a wrapper set in the previous pass
+  if (before_each_) before_each_(index);
   FuturePtr future = hook_(bucket);
   if (!future) throw std::runtime_error("it returned a null future");
   wait_for(future, timeout_);
+  if (on_done_) on_done_(index);
   if (future->hasError()) std::rethrow_exception(future->exception_ptr());
   at::Tensor result = result_of(*future);
   const at::Tensor& own = own_buffers_[index];

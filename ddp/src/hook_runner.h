@@ -11,6 +11,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -32,6 +33,10 @@ class HookRunner {
 
   // The buckets of the coming passes (after every bucket rebuild). Not during a pass.
   void set_buckets(std::vector<GradBucket> buckets);
+  // Called on the hook thread before each hook call (TORCH_DISTRIBUTED_DEBUG=DETAIL's check).
+  void set_before_each(std::function<void(size_t)> before_each) { before_each_ = std::move(before_each); }
+  // Called on the hook thread when a bucket's hook future is done (timings).
+  void set_on_done(std::function<void(size_t)> on_done) { on_done_ = std::move(on_done); }
   // A new backward pass starts: no bucket submitted yet, no error.
   void begin_pass();
   // Bucket `index` is complete: its hook runs once every earlier bucket's has finished.
@@ -52,6 +57,8 @@ class HookRunner {
   std::vector<GradBucket> buckets_;
   std::vector<at::Tensor> own_buffers_;  // each bucket's storage, restored before each call
   std::vector<at::Tensor> results_;
+  std::function<void(size_t)> before_each_;
+  std::function<void(size_t)> on_done_;
 
   std::mutex mutex_;
   std::condition_variable changed_;

@@ -14,9 +14,17 @@
 #include "backends.h"
 #include "collective.h"
 #include "ddp/bucket_assignment.h"
+#include "debug_level.h"
+#include "desync.h"
+#include "state_sync.h"
 
 namespace ddp::detail {
 namespace {
+
+// Why a collective of the training loop fails, most often: the hint of every one of them.
+constexpr const char* kLoopCollectiveHint =
+    "a peer rank may have died or hung past the timeout, or the ranks ran different numbers of "
+    "iterations (uneven inputs: see ddp::Join)";
 
 [[noreturn]] void fail(const std::string& message) {
   throw std::runtime_error("DistributedDataParallel: " + message);
@@ -40,12 +48,15 @@ std::shared_ptr<Reducer> Reducer::create(std::vector<at::Tensor> params, std::ve
                                          ProcessGroupPtr group, ReducerOptions options) {
   std::shared_ptr<Reducer> reducer(new Reducer(std::move(params), std::move(names), std::move(group), options));
   reducer->register_hooks();
+  reducer->verify_buckets_match_across_ranks();
   return reducer;
 }
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, ProcessGroupPtr group,
                  ReducerOptions options)
     : params_(std::move(params)), names_(std::move(names)), group_(std::move(group)), options_(options) {
+  divisor_ = group_->getSize();
+  check_collectives_ = debug_level() == DebugLevel::kDetail;
   ready_.assign(params_.size(), 0);
   globally_unused_.assign(params_.size(), 0);
   ready_order_.reserve(params_.size());
@@ -94,7 +105,6 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     sizes.push_back({param.device(), param.scalar_type(), static_cast<int64_t>(param.numel() * param.element_size())});
   }
   const auto layout = assign_buckets(sizes, order, options_.first_bucket_bytes, options_.bucket_bytes);
-  const double inverse_world = 1.0 / group_->getSize();
 
   at::NoGradGuard no_grad;
   // Free the old buckets before allocating the new ones, so a rebuild never holds two sets (a
@@ -109,7 +119,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     int64_t total = 0;
     for (size_t p : bucket.params) total += params_[p].numel();
     bucket.flat = at::zeros({total}, first.options().requires_grad(false));
-    bucket.scale = at::full({}, inverse_world, bucket.flat.options());
+    bucket.scale = at::full({}, 1.0 / divisor_, bucket.flat.options());
     bucket.collective = {bucket.flat};
     int64_t offset = 0;
     for (size_t k = 0; k < bucket.params.size(); ++k) {
@@ -132,6 +142,10 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   buckets_ = std::move(buckets);
   bucket_order_ = order;
   if (hook_runner_) hook_runner_->set_buckets(hook_buckets());
+  std::vector<int64_t> bytes;
+  for (const auto& bucket : buckets_) bytes.push_back(bucket.flat.numel() * bucket.flat.element_size());
+  if (first_bucket_bytes_.empty()) first_bucket_bytes_ = bytes;
+  recorder_.set_buckets(std::move(bytes));
   used_host_ = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
   const auto device = collective_device(group_);
   used_device_ = device.is_cpu() ? used_host_ : used_host_.to(device);
@@ -161,12 +175,23 @@ void Reducer::register_comm_hook(CommHook hook) {
     fail("a communication hook ('" + hook_runner_->hook().name() + "') is already registered; register_comm_hook "
          "can be called only once (to combine hooks, wrap one in the other, e.g. hooks::fp16_compress_wrapper).");
   }
+  if (options_.bucket_cap_auto && hook.state()) {
+    fail("the communication hook '" + hook.name() + "' keeps state per bucket, and bucket_cap_mb_auto changes the "
+         "buckets during the first iterations: use a fixed bucket_cap_mb with it.");
+  }
   if (training_forwards_ > 0) {
     fail("register_comm_hook must be called before training starts (before the first forward() with "
          "gradients enabled); the buckets of the iterations so far were reduced without it.");
   }
   hook_runner_ = std::make_unique<HookRunner>(std::move(hook), timeout_of(group_));
   hook_runner_->set_buckets(hook_buckets());
+  hook_runner_->set_on_done([this](size_t b) { recorder_.reduced(b); });
+  if (check_collectives_) {
+    // On the hook thread, right before the hook issues the bucket's collectives.
+    hook_runner_->set_before_each([this](size_t b) {
+      check_collective(static_cast<int>(CollectiveOp::kBucketReduction), static_cast<int64_t>(b), buckets_[b].flat);
+    });
+  }
 }
 
 const CommHook* Reducer::comm_hook() const {
@@ -185,15 +210,40 @@ void Reducer::reallocate_buckets() {
 void Reducer::rebuild_buckets_in_observed_order() {
   std::vector<int64_t> local(ready_order_.begin(), ready_order_.end());
   at::Tensor order = at::tensor(local, at::kLong).to(collective_device(group_));
+  check_collective(static_cast<int>(CollectiveOp::kBucketOrder), -1, order, 0);
   std::vector<at::Tensor> tensors{order};
   wait_collective(group_->broadcast(tensors), "DistributedDataParallel: broadcast of rank 0's gradient order "
-                                              "(the one bucket rebuild)");
+                                              "(the one bucket rebuild)",
+                  kLoopCollectiveHint);
   order = order.cpu();
   const int64_t* broadcast_order = order.data_ptr<int64_t>();
   const std::vector<size_t> agreed(broadcast_order, broadcast_order + params_.size());
   build_buckets(agreed);
   rebuilt_ = true;
   ready_order_ = {};
+  for (const auto& bucket : buckets_) rebuilt_bucket_bytes_.push_back(bucket.flat.numel() * bucket.flat.element_size());
+  verify_buckets_match_across_ranks();
+}
+
+void Reducer::verify_buckets_match_across_ranks() const {
+  std::vector<std::pair<int64_t, c10::ScalarType>> layout;
+  for (const auto& bucket : buckets_) layout.emplace_back(bucket.flat.numel(), bucket.flat.scalar_type());
+  verify_same_buckets(layout, group_);
+}
+
+void Reducer::check_collective(int op, int64_t index, const at::Tensor& tensor, int64_t root) const {
+  if (!check_collectives_) return;
+  verify_same_collective(group_,
+                         {static_cast<CollectiveOp>(op), index, tensor.scalar_type(), tensor.numel(), root,
+                          iterations_reduced_},
+                         "DistributedDataParallel (TORCH_DISTRIBUTED_DEBUG=DETAIL)");
+}
+
+void Reducer::set_divisor(int divisor) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (divisor == divisor_) return;
+  divisor_ = divisor;
+  for (auto& bucket : buckets_) bucket.scale.fill_(1.0 / divisor_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -215,6 +265,64 @@ void Reducer::prepare_for_forward() {
   if (!rebuilt_ && iterations_reduced_ > 0 && ready_order_.size() == params_.size()) {
     rebuild_buckets_in_observed_order();
   }
+  if (options_.bucket_cap_auto && rebuilt_) autotune_step();
+}
+
+// bucket_cap_mb_auto (autotune.h): from the first iteration after the rebuild, one step of the
+// autotuner's schedule per iteration.
+void Reducer::autotune_step() {
+  if (!autotuner_) {
+    // Only caps that give a different layout of the buckets are worth a try.
+    std::vector<BucketParam> sizes;
+    for (const auto& param : params_) {
+      sizes.push_back({param.device(), param.scalar_type(), static_cast<int64_t>(param.numel() * param.element_size())});
+    }
+    std::vector<int64_t> caps;
+    std::vector<std::vector<std::vector<size_t>>> layouts;
+    for (double mb : kAutotuneCandidatesMb) {
+      const auto cap = static_cast<int64_t>(mb * 1024 * 1024);
+      auto layout = assign_buckets(sizes, bucket_order_, options_.first_bucket_bytes, cap);
+      if (std::find(layouts.begin(), layouts.end(), layout) != layouts.end()) continue;
+      layouts.push_back(std::move(layout));
+      caps.push_back(cap);
+    }
+    autotuner_ = std::make_unique<BucketAutotuner>(std::move(caps));
+  }
+  if (autotuner_->done()) return;
+  switch (autotuner_->at_iteration_start(now_ns())) {
+    case BucketAutotuner::Action::kKeep:
+      return;
+    case BucketAutotuner::Action::kSwitch:
+      options_.bucket_bytes = autotuner_->next_cap();
+      build_buckets(bucket_order_);
+      return;
+    case BucketAutotuner::Action::kAgree: {
+      // The slowest rank's time of each candidate decides, the same on every rank.
+      const std::vector<int64_t> mine = autotuner_->median_times();
+      at::Tensor times = at::tensor(mine, at::kLong).to(collective_device(group_));
+      check_collective(static_cast<int>(CollectiveOp::kAllReduce), -1, times);
+      std::vector<at::Tensor> tensors{times};
+      c10d::AllreduceOptions max;
+      max.reduceOp = c10d::ReduceOp::MAX;
+      wait_collective(group_->allreduce(tensors, max), "DistributedDataParallel: bucket_cap_mb_auto's agreement on "
+                                                      "the step times",
+                      kLoopCollectiveHint);
+      times = times.cpu();
+      autotuner_->choose(std::vector<int64_t>(times.data_ptr<int64_t>(), times.data_ptr<int64_t>() + times.numel()));
+      options_.bucket_bytes = autotuner_->chosen_cap();
+      build_buckets(bucket_order_);
+      verify_buckets_match_across_ranks();
+      if (group_->getRank() == 0) {
+        std::string tried;
+        for (size_t c = 0; c < autotuner_->candidates().size(); ++c) {
+          tried += (c ? ", " : "") + std::to_string(autotuner_->candidates()[c] >> 20) + " MiB: " +
+                   std::to_string(autotuner_->agreed_times()[c] / 1000) + " us";
+        }
+        info_log("bucket_cap_mb_auto chose " + std::to_string(options_.bucket_bytes >> 20) + " MiB (" + tried + ")");
+      }
+      return;
+    }
+  }
 }
 
 bool Reducer::wants_outputs() const {
@@ -228,7 +336,13 @@ void Reducer::prepare_for_backward(bool sync, const std::vector<at::Tensor>& out
     state_ = State::kAccumulating;
     return;
   }
+  arm_pass();
   state_ = State::kExpecting;
+  if (track_usage_) unused_ = find_unused(outputs);
+}
+
+// Resets the per-pass state for a synchronized backward pass.
+void Reducer::arm_pass() {
   std::fill(ready_.begin(), ready_.end(), 0);
   for (auto& bucket : buckets_) bucket.pending = bucket.params.size();
   next_bucket_ = 0;
@@ -237,10 +351,23 @@ void Reducer::prepare_for_backward(bool sync, const std::vector<at::Tensor>& out
   track_usage_ = wants_outputs();
   if (track_usage_) {
     used_host_.zero_();
-    unused_ = find_unused(outputs);
+    unused_.clear();
   } else if (!options_.static_graph) {
     unused_.clear();
   }  // static_graph after its first iteration: unused_ still holds what that iteration found
+}
+
+void Reducer::shadow_backward() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (state_ == State::kReducing) fail("shadow_backward() during a backward pass (this is a bug in ddp::Join)");
+  arm_pass();
+  state_ = State::kReducing;
+  recorder_.skip();
+  // Zeros for every parameter, in bucket order: every bucket completes and goes out in order.
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    for (size_t p : buckets_[b].params) mark_ready(p, /*used=*/false);
+  }
+  finalize_pass();
 }
 
 // Parameters whose gradient accumulator cannot be reached from the outputs get no gradient in
@@ -312,6 +439,7 @@ void Reducer::mark_ready(size_t param, bool used) {
 
   Bucket& bucket = buckets_[place_[param].bucket];
   at::Tensor& slot = bucket.views[place_[param].index];
+  recorder_.gradient_into(place_[param].bucket);
   at::NoGradGuard no_grad;
   if (!used) {
     slot.zero_();
@@ -323,7 +451,7 @@ void Reducer::mark_ready(size_t param, bool used) {
     }
     // Pre-divided while copying, unless a hook reduces (it gets the raw sums and averages itself);
     // dividing by a world of one is a wasted pass.
-    const bool average = group_->getSize() > 1 && !hook_runner_;
+    const bool average = divisor_ > 1 && !hook_runner_;
     if (options_.gradient_as_bucket_view) {
       if (!grad.is_same(slot)) {  // first iteration, or the optimizer reset grads to undefined
         slot.copy_(grad);
@@ -349,14 +477,23 @@ void Reducer::launch_ready_buckets() {
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_];
     if (hook_runner_) {
-      hook_runner_->submit(next_bucket_);
+      hook_runner_->submit(next_bucket_);  // checked on the hook thread under DETAIL
     } else {
+      check_collective(static_cast<int>(CollectiveOp::kBucketReduction), static_cast<int64_t>(next_bucket_), bucket.flat);
       c10::OptionalDeviceGuard guard(bucket.flat.device());
       bucket.work = group_->allreduce(bucket.collective);
+      if (recorder_.recording()) {
+        std::weak_ptr<Reducer> weak = weak_from_this();
+        bucket.work->getFuture()->addCallback([weak, b = next_bucket_](c10::ivalue::Future&) {
+          if (auto reducer = weak.lock()) reducer->recorder_.reduced(b);
+        });
+      }
     }
+    recorder_.launched(next_bucket_);
     ++collectives_launched_;
     ++next_bucket_;
   }
+  if (next_bucket_ == buckets_.size()) recorder_.all_ready();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -366,6 +503,10 @@ void Reducer::launch_ready_buckets() {
 void Reducer::finalize() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (state_ != State::kReducing) return;
+  finalize_pass();
+}
+
+void Reducer::finalize_pass() {
   if (track_usage_) {
     // Reachable parameters can still get no gradient (an output the loss ignores).
     for (size_t p = 0; p < params_.size(); ++p) {
@@ -397,6 +538,7 @@ void Reducer::finalize() {
   // it overlap the waits. A hook may still be issuing collectives on its thread: wait first.
   c10::intrusive_ptr<c10d::Work> usage_work;
   if (track_usage_ && !hook_runner_) usage_work = launch_usage_exchange();
+  recorder_.wait_begin();
   wait_for_buckets();
   if (track_usage_ && hook_runner_) usage_work = launch_usage_exchange();
   if (usage_work) read_usage_exchange(usage_work);
@@ -404,11 +546,13 @@ void Reducer::finalize() {
   guard.armed = false;
   ++iterations_reduced_;
   state_ = State::kIdle;
+  recorder_.end();
 }
 
 // Every rank's "I produced a gradient for it" flags, reduced with MAX: a parameter stays without a
 // gradient only when no rank used it.
 c10::intrusive_ptr<c10d::Work> Reducer::launch_usage_exchange() {
+  check_collective(static_cast<int>(CollectiveOp::kUsageExchange), -1, used_device_);
   if (!used_device_.is_same(used_host_)) used_device_.copy_(used_host_);
   std::vector<at::Tensor> usage{used_device_};
   c10d::AllreduceOptions max;
@@ -417,11 +561,25 @@ c10::intrusive_ptr<c10d::Work> Reducer::launch_usage_exchange() {
 }
 
 void Reducer::read_usage_exchange(const c10::intrusive_ptr<c10d::Work>& work) {
-  wait_collective(work, [] { return "DistributedDataParallel: the exchange of which parameters got gradients"; });
+  wait_collective(
+      work, [] { return "DistributedDataParallel: the exchange of which parameters got gradients"; },
+      kLoopCollectiveHint);
   if (!used_device_.is_same(used_host_)) used_host_.copy_(used_device_);
   const int32_t* used = used_host_.data_ptr<int32_t>();
-  for (size_t p = 0; p < params_.size(); ++p) globally_unused_[p] = used[p] == 0;
+  bool changed = false;
+  for (size_t p = 0; p < params_.size(); ++p) {
+    changed = changed || globally_unused_[p] != (used[p] == 0);
+    globally_unused_[p] = used[p] == 0;
+  }
   if (options_.static_graph) graph_learnt_ = true;
+  if (changed && group_->getRank() == 0 && debug_level() != DebugLevel::kOff) {
+    std::vector<size_t> unused;
+    for (size_t p = 0; p < params_.size(); ++p) {
+      if (globally_unused_[p]) unused.push_back(p);
+    }
+    info_log("DDP iteration " + std::to_string(iterations_reduced_) + ": " + std::to_string(unused.size()) +
+             " parameter(s) got no gradient on any rank" + (unused.empty() ? "" : ": " + list_names(names_, unused)));
+  }
 }
 
 // Waits for every bucket's reduction; the averages are then in the buckets.
@@ -444,8 +602,7 @@ void Reducer::wait_for_bucket(size_t b) {
         return "DistributedDataParallel: allreduce of gradient bucket " + std::to_string(b) + " of " +
                std::to_string(buckets_.size());
       },
-      "a peer rank may have died or hung past the timeout, or the ranks ran different numbers of "
-      "backward passes (uneven inputs: see ddp::Join)");
+      kLoopCollectiveHint);
   bucket.work.reset();
 }
 
@@ -487,7 +644,42 @@ ReducerStats Reducer::stats() const {
   stats.iterations_reduced = iterations_reduced_;
   stats.buckets_rebuilt = rebuilt_;
   for (const auto& bucket : buckets_) stats.buckets.push_back(bucket.params);
+  stats.first_bucket_bytes = first_bucket_bytes_;
+  stats.rebuilt_bucket_bytes = rebuilt_bucket_bytes_;
+  stats.bucket_bytes = options_.bucket_bytes;
+  if (autotuner_ && autotuner_->done()) {
+    stats.autotune_candidates = autotuner_->candidates();
+    stats.autotune_times = autotuner_->agreed_times();
+  }
+  for (size_t p = 0; p < params_.size(); ++p) {
+    if (globally_unused_[p]) stats.unused_parameter_bytes += params_[p].numel() * params_[p].element_size();
+  }
   return stats;
+}
+
+int64_t Reducer::iterations_reduced() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return iterations_reduced_;
+}
+
+void Reducer::begin_iteration() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  recorder_.begin(iterations_reduced_);
+}
+
+void Reducer::forward_done() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  recorder_.forward_done();
+}
+
+RuntimeAverages Reducer::runtime_averages() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return recorder_.averages();
+}
+
+void Reducer::set_timeline(Timeline* timeline) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  recorder_.set_timeline(timeline);
 }
 
 }  // namespace ddp::detail

@@ -23,7 +23,9 @@
 #include "bucket.h"
 #include "ddp/comm_hooks.h"
 #include "ddp/process_group.h"
+#include "autotune.h"
 #include "hook_runner.h"
+#include "iteration_recorder.h"
 
 namespace ddp::detail {
 
@@ -34,6 +36,7 @@ struct ReducerOptions {
   bool find_unused_parameters;
   bool gradient_as_bucket_view;
   bool static_graph;
+  bool bucket_cap_auto;
 };
 
 struct ReducerStats {
@@ -41,6 +44,12 @@ struct ReducerStats {
   int64_t iterations_reduced = 0;            // synced backward passes that completed
   bool buckets_rebuilt = false;
   std::vector<std::vector<size_t>> buckets;  // parameter indices of each bucket, launch order
+  std::vector<int64_t> first_bucket_bytes;   // as first built
+  std::vector<int64_t> rebuilt_bucket_bytes; // after the one rebuild (empty before)
+  int64_t unused_parameter_bytes = 0;        // no rank produced a gradient, last iteration
+  int64_t bucket_bytes = 0;                  // the cap in effect
+  std::vector<int64_t> autotune_candidates;  // caps tried (bytes), once autotuning finished
+  std::vector<int64_t> autotune_times;       // their agreed median step times (ns)
 };
 
 class Reducer : public std::enable_shared_from_this<Reducer> {
@@ -61,12 +70,26 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // Re-allocates bucket storage and re-hooks replaced gradient accumulators after the
   // parameters moved (module.to(device/dtype)).
   void reallocate_buckets();
+  // The number gradients are averaged over from the next backward on (the world size unless
+  // ddp::Join says otherwise). Ignored with a hook: hooks average as they please.
+  void set_divisor(int divisor);
+  // A rank that ran out of inputs (ddp::Join) takes part in the other ranks' synchronized backward
+  // pass: every bucket reduced with zeros, through the same collectives in the same order.
+  void shadow_backward();
   // Reduces every bucket through `hook` from now on. Once, before training starts.
   void register_comm_hook(CommHook hook);
   // The registered hook, or null.
   const CommHook* comm_hook() const;
 
+  // Timings (iteration_recorder.h): DDPCore marks the forward, the reducer the rest.
+  void begin_iteration();
+  void forward_done();
+  RuntimeAverages runtime_averages() const;
+  void set_timeline(Timeline* timeline);
+
   ReducerStats stats() const;
+  // stats().iterations_reduced without building the rest (per iteration: allocates nothing).
+  int64_t iterations_reduced() const;
 
  private:
   Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, ProcessGroupPtr group,
@@ -77,7 +100,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void on_gradient_ready(size_t param);
   void mark_ready(size_t param, bool used);
   void launch_ready_buckets();
+  void arm_pass();
   void finalize();
+  void finalize_pass();
   void wait_for_buckets();
   void wait_for_bucket(size_t bucket);
   c10::intrusive_ptr<c10d::Work> launch_usage_exchange();
@@ -88,6 +113,10 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void build_buckets(const std::vector<size_t>& order);
   std::vector<GradBucket> hook_buckets() const;
   void rebuild_buckets_in_observed_order();
+  void autotune_step();
+  void verify_buckets_match_across_ranks() const;
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL: every rank checks that all run this collective (desync.h).
+  void check_collective(int op, int64_t index, const at::Tensor& tensor, int64_t root = -1) const;
   std::vector<size_t> find_unused(const std::vector<at::Tensor>& outputs) const;
   void discard_iteration();
 
@@ -128,6 +157,12 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::string error_;                 // raised at the next forward
   std::unique_ptr<HookRunner> hook_runner_;  // set by register_comm_hook
   int64_t training_forwards_ = 0;     // forwards that armed the reducer (training has begun)
+  int divisor_ = 1;                   // gradients are averaged over this many ranks
+  bool check_collectives_ = false;    // TORCH_DISTRIBUTED_DEBUG=DETAIL
+  IterationRecorder recorder_;        // timings for logging_data() and the timeline
+  std::unique_ptr<BucketAutotuner> autotuner_;  // bucket_cap_mb_auto, from the rebuild on
+  std::vector<int64_t> first_bucket_bytes_;  // as first built, and after the rebuild
+  std::vector<int64_t> rebuilt_bucket_bytes_;
   int64_t collectives_launched_ = 0;
   int64_t iterations_reduced_ = 0;
 };

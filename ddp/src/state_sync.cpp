@@ -1,5 +1,6 @@
 #include "state_sync.h"
 
+#include <algorithm>
 #include <limits>
 #include <map>
 #include <sstream>
@@ -8,6 +9,8 @@
 #include <c10/core/DeviceGuard.h>
 
 #include "collective.h"
+#include "debug_level.h"
+#include "desync.h"
 
 namespace ddp::detail {
 namespace {
@@ -93,8 +96,62 @@ void verify_same_parameters(const std::vector<at::Tensor>& params, const std::ve
   throw std::invalid_argument("DistributedDataParallel: " + message);
 }
 
+namespace {
+
+// Every rank's `values` (their lengths may differ), index = rank.
+std::vector<std::vector<int64_t>> all_gather_values(const std::vector<int64_t>& values, const ProcessGroupPtr& group,
+                                                    const char* what) {
+  const int world = group->getSize();
+  auto gather = [&](const at::Tensor& mine) {
+    std::vector<at::Tensor> input{mine.to(collective_device(group))};
+    std::vector<std::vector<at::Tensor>> output(1);
+    for (int r = 0; r < world; ++r) output[0].push_back(at::empty_like(input[0]));
+    wait(group->allgather(output, input), what);
+    std::vector<at::Tensor> out;
+    for (auto& t : output[0]) out.push_back(t.cpu());
+    return out;
+  };
+  int64_t longest = 0;
+  for (const auto& length : gather(at::tensor({static_cast<int64_t>(values.size())}, at::kLong))) {
+    longest = std::max(longest, length.item<int64_t>());
+  }
+  at::Tensor padded = at::full({longest + 1}, -1, at::kLong);
+  padded[0] = static_cast<int64_t>(values.size());
+  std::copy(values.begin(), values.end(), padded.data_ptr<int64_t>() + 1);
+  std::vector<std::vector<int64_t>> all;
+  for (const auto& theirs : gather(padded)) {
+    const int64_t* data = theirs.data_ptr<int64_t>();
+    all.emplace_back(data + 1, data + 1 + data[0]);
+  }
+  return all;
+}
+
+}  // namespace
+
+void verify_same_buckets(const std::vector<std::pair<int64_t, c10::ScalarType>>& buckets, const ProcessGroupPtr& group) {
+  if (group->getSize() == 1) return;
+  std::vector<int64_t> mine;
+  for (const auto& [numel, dtype] : buckets) {
+    mine.push_back(numel);
+    mine.push_back(static_cast<int64_t>(dtype));
+  }
+  const auto all = all_gather_values(mine, group, "the check that every rank built the same buckets");
+  if (std::all_of(all.begin(), all.end(), [&](const auto& theirs) { return theirs == all.front(); })) return;
+  std::ostringstream message;
+  message << "DistributedDataParallel: the ranks built different gradient buckets, so every reduction would "
+             "pair mismatched data (do all ranks pass the same DDPOptions, e.g. bucket_cap_mb?): ";
+  for (size_t r = 0; r < all.size(); ++r) {
+    message << (r ? "; " : "") << "rank " << r << ": " << all[r].size() / 2 << " bucket(s) [";
+    for (size_t b = 0; b < all[r].size(); b += 2) {
+      message << (b ? ", " : "") << all[r][b] << " " << c10::toString(static_cast<c10::ScalarType>(all[r][b + 1]));
+    }
+    message << "]";
+  }
+  throw CollectiveError(message.str());
+}
+
 TensorBroadcaster::TensorBroadcaster(std::vector<at::Tensor> tensors, ProcessGroupPtr group)
-    : tensors_(std::move(tensors)), group_(std::move(group)) {
+    : tensors_(std::move(tensors)), group_(std::move(group)), check_collectives_(debug_level() == DebugLevel::kDetail) {
   std::map<std::pair<std::string, int>, size_t> index;
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const auto key = std::make_pair(tensors_[i].device().str(), static_cast<int>(tensors_[i].scalar_type()));
@@ -124,6 +181,11 @@ void TensorBroadcaster::broadcast_from(int root) {
   for (auto& g : groups_) {
     if (is_root) {
       for (size_t k = 0; k < g.members.size(); ++k) g.views[k].copy_(tensors_[g.members[k]]);
+    }
+    if (check_collectives_) {
+      verify_same_collective(group_, {CollectiveOp::kBufferBroadcast, static_cast<int64_t>(&g - groups_.data()),
+                                      g.flat.scalar_type(), g.flat.numel(), root},
+                             "DistributedDataParallel (TORCH_DISTRIBUTED_DEBUG=DETAIL)");
     }
     c10::OptionalDeviceGuard guard(g.flat.device());
     works.push_back(group_->broadcast(g.collective, options));

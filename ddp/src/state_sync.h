@@ -15,6 +15,11 @@ namespace ddp::detail {
 void verify_same_parameters(const std::vector<at::Tensor>& params, const std::vector<std::string>& names,
                             const ProcessGroupPtr& group);
 
+// Throws CollectiveError on every rank, listing each rank's buckets, unless all ranks built the
+// same gradient buckets (count, sizes, dtypes): buckets that differ would pair mismatched data in
+// every reduction. `buckets[b]` = {elements, dtype}.
+void verify_same_buckets(const std::vector<std::pair<int64_t, c10::ScalarType>>& buckets, const ProcessGroupPtr& group);
+
 // Broadcasts a fixed list of tensors from a root rank, packed into one flat buffer per
 // (device, dtype) so that many small tensors cost a few collectives. Buffers are allocated once.
 class TensorBroadcaster {
@@ -32,6 +37,7 @@ class TensorBroadcaster {
   std::vector<at::Tensor> tensors_;
   std::vector<Group> groups_;
   ProcessGroupPtr group_;
+  bool check_collectives_;  // TORCH_DISTRIBUTED_DEBUG=DETAIL
 };
 
 }  // namespace ddp::detail

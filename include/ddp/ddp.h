@@ -9,6 +9,8 @@
 #include <ddp/comm_hooks.h>
 #include <ddp/ddp_options.h>
 #include <ddp/distributed_data_parallel.h>
+#include <ddp/join.h>
+#include <ddp/logging.h>
 #include <ddp/metrics.h>
 #include <ddp/process_group.h>
 #include <ddp/stateful.h>

@@ -67,7 +67,7 @@ int64_t median(std::vector<int64_t> counts) {
   return counts[counts.size() / 2];
 }
 
-// Steady-state DDP steps (iterations 3..10) against the same steps without DDP plus one allreduce
+// Steady-state DDP steps (iterations 11..18, after the first 10 that logging_data() samples) against the same steps without DDP plus one allreduce
 // per bucket, launched together and then waited for: what DDP has to send anyway.
 //
 // Measured on LibTorch 1.13 (6 parameters, one bucket each), both worlds: DDP's backward makes 8
@@ -102,8 +102,9 @@ DDP_WORKER(allocations) {
     for (auto& work : works) work->wait();
   };
 
-  // Iterations 0..2 warm up (the one bucket rebuild happens at the second forward); 3..10 count.
-  for (int i = 0; i < 3; ++i) {
+  // Iterations 0..10 warm up (the one bucket rebuild happens at the second forward; the first 10
+  // are timed for logging_data(), which registers a callback per bucket); 11..18 count.
+  for (int i = 0; i < 11; ++i) {
     ddp_step();
     plain_step();
   }

@@ -10,6 +10,8 @@
 
 #include <ddp/comm_hooks.h>
 #include <ddp/ddp_options.h>
+#include <ddp/join.h>
+#include <ddp/logging.h>
 
 namespace ddp {
 
@@ -42,6 +44,12 @@ class DDPCore {
   // The parameters moved (module.to(...)): re-allocate buckets and broadcast buffers.
   void module_moved();
 
+  // ddp::Join (DistributedDataParallel's Joinable methods forward here).
+  ProcessGroupPtr join_process_group() const;
+  void join_attach(Join* join, size_t index);
+  void join_shadow(const JoinStatus& status);
+  void join_finish(const JoinStatus& last, int from);
+
   void register_comm_hook(CommHook hook);
   // The registered hook's state (null without a hook, or for a stateless one).
   Stateful* comm_hook_state() const;
@@ -49,12 +57,19 @@ class DDPCore {
   const DDPOptions& options() const { return options_; }
   const ProcessGroupPtr& process_group() const { return options_.process_group(); }
   ReductionStats stats() const;
+  DDPLoggingData logging_data() const;
 
  private:
+  static std::string describe(const DDPLoggingData& data);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
   DDPOptions options_;
   bool require_sync_ = true;
+  Join* join_ = nullptr;  // set while inside Join::run
+  size_t join_index_ = 0;
+  bool ran_under_join_ = false;  // the last training forward ran inside Join::run
+  int64_t last_logged_iteration_ = 0;  // TORCH_DISTRIBUTED_DEBUG=INFO
 };
 
 }  // namespace detail

@@ -14,6 +14,12 @@ class DDPOptions {
  public:
   // Bucket size in MiB; gradients are reduced one bucket at a time while backward runs.
   TORCH_ARG(double, bucket_cap_mb) = 25.0;
+  // Try caps of 1, 5, 10, 25, 50 and 100 MiB on the live model during the first iterations (after
+  // the one bucket rebuild; about 5 iterations per distinct layout), keep the fastest, the ranks
+  // agreeing on the timings. bucket_cap_mb is then only the cap of the first two iterations. The
+  // choice is in logging_data(). Not with a stateful communication hook (PowerSGD keeps state
+  // per bucket).
+  TORCH_ARG(bool, bucket_cap_mb_auto) = false;
   // The first bucket (the last layers' gradients) is small so communication starts early.
   TORCH_ARG(double, first_bucket_cap_mb) = 1.0;
   // Find parameters the forward did not use and count them as ready (zero contribution).

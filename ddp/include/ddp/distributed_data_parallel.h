@@ -90,7 +90,7 @@ class NoSyncGuard {
 };
 
 template <typename ModuleType>
-class DistributedDataParallel {
+class DistributedDataParallel : public Joinable {
  public:
   // Construction is collective: every rank must construct, with the same model.
   DistributedDataParallel(std::shared_ptr<ModuleType> module, ProcessGroupPtr group, DDPOptions options = {})
@@ -167,9 +167,18 @@ class DistributedDataParallel {
   }
   void zero_grad() { module_->zero_grad(); }
 
+  // ddp::Join: a rank that ran out of inputs shadows this model's collectives (join.h).
+  ProcessGroupPtr join_process_group() const override { return core_->join_process_group(); }
+  void join_attach(Join* join, size_t index) override { core_->join_attach(join, index); }
+  void join_shadow(const JoinStatus& status) override { core_->join_shadow(status); }
+  void join_finish(const JoinStatus& last, int from) override { core_->join_finish(last, from); }
+
   const DDPOptions& options() const { return core_->options(); }
   const ProcessGroupPtr& process_group() const { return core_->process_group(); }
   ReductionStats reduction_stats() const { return core_->stats(); }
+  // PyTorch's DDPLoggingData fields that apply here: options, buckets, and averaged timings of
+  // sampled iterations (ddp/logging.h).
+  DDPLoggingData logging_data() const { return core_->logging_data(); }
 
  private:
   // device_ids names where a single-device module lives: put it there before broadcasting.

@@ -1,0 +1,173 @@
+// ddp::Join: uneven inputs at 3 ranks (rank r has 10 + r batches) against a reference computed
+// here, in one process, from every rank's batches; early termination; the error without Join.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ddp/comm_hooks.h>
+#include <ddp/distributed_data_parallel.h>
+#include <ddp/join.h>
+
+#include "models.h"
+#include "multiprocess.h"
+
+namespace {
+
+using namespace ddp::test;
+
+int batches_of(int rank) { return 10 + rank; }
+
+// Rank r's t-th batch; the reference regenerates every rank's.
+std::pair<torch::Tensor, torch::Tensor> rank_batch(int rank, int t) {
+  torch::manual_seed(7000 + 100 * rank + t);
+  return {torch::randn({4, 10}), torch::randn({4, 5})};
+}
+
+struct Variant {
+  const char* name;
+  bool divide_by_initial_world_size;
+  bool hook;  // the allreduce() hook: shadowing runs hooks too
+};
+
+// One process replays what the ranks do together: in iteration t the ranks that still have a
+// batch contribute their gradients, summed and divided by 3 (or by how many contributed).
+std::vector<torch::Tensor> reference_parameters(MLP start, int world, bool divide_by_initial) {
+  MLP model;
+  copy_parameters(*start, *model);
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  for (int t = 0; t < batches_of(world - 1); ++t) {
+    std::vector<int> active;
+    for (int r = 0; r < world; ++r) {
+      if (t < batches_of(r)) active.push_back(r);
+    }
+    const double divisor = divide_by_initial ? world : static_cast<double>(active.size());
+    opt.zero_grad();
+    for (int r : active) {
+      auto [x, y] = rank_batch(r, t);
+      (torch::mse_loss(model->forward(x), y) / divisor).backward();
+    }
+    opt.step();
+  }
+  std::vector<torch::Tensor> out;
+  for (const auto& p : model->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+DDP_WORKER(join_uneven) {
+  worker_init(std::chrono::seconds(30));
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  const Variant variants[] = {{"divide by initial world size", true, false},
+                              {"divide by active ranks", false, false},
+                              {"with the allreduce() hook", true, true}};
+  for (const auto& variant : variants) {
+    torch::manual_seed(11);
+    MLP net, start;
+    copy_parameters(*net, *start);
+    ddp::DistributedDataParallel model(net, ddp::DDPOptions().first_bucket_cap_mb(0).bucket_cap_mb(0.001));
+    if (variant.hook) model.register_comm_hook(ddp::hooks::allreduce());
+    torch::optim::SGD opt(model.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    // A per-iteration collective of the program's own, made joinable: [loss, batches] summed.
+    ddp::JoinableAllReduce running(torch::zeros({2}, torch::kDouble));
+    std::vector<double> counts;
+    ddp::Join join({model, running}, ddp::JoinOptions().divide_by_initial_world_size(variant.divide_by_initial_world_size));
+    join.run([&] {
+      for (int t = 0; t < batches_of(rank); ++t) {
+        auto [x, y] = rank_batch(rank, t);
+        opt.zero_grad();
+        auto loss = torch::mse_loss(model.forward(x), y);
+        loss.backward();
+        opt.step();
+        counts.push_back(running.all_reduce(torch::tensor({loss.item<double>(), 1.0}, torch::kDouble))[1].item<double>());
+      }
+    });
+    const std::string what = std::string(variant.name) + " (rank " + std::to_string(rank) + ")";
+    // The program's own collective saw exactly the ranks that still had a batch.
+    for (int t = 0; t < static_cast<int>(counts.size()); ++t) {
+      int active = 0;
+      for (int r = 0; r < world; ++r) active += t < batches_of(r) ? 1 : 0;
+      require(counts[t] == active, what + ": iteration " + std::to_string(t) + " counted " +
+                                       std::to_string(counts[t]) + " active ranks, expected " + std::to_string(active));
+    }
+    const auto expected = reference_parameters(start, world, variant.divide_by_initial_world_size);
+    const auto params = model.parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const double diff = (params[i] - expected[i]).abs().max().item<double>();
+      require(diff < 1e-5, what + ": parameter " + std::to_string(i) + " differs from the reference by " +
+                               std::to_string(diff));
+    }
+    // Every rank holds the same final model (the last joiner's).
+    std::vector<torch::Tensor> flat;
+    for (const auto& p : params) flat.push_back(p.detach().flatten());
+    auto gathered = ddp::all_gather(torch::cat(flat));
+    for (size_t r = 1; r < gathered.size(); ++r) {
+      require(torch::equal(gathered[0], gathered[r]), what + ": rank " + std::to_string(r) + "'s final model differs");
+    }
+  }
+}
+TEST(Join, UnevenInputsMatchTheReferenceOnEveryRank) {
+  RunOptions options;
+  options.timeout = std::chrono::seconds(120);
+  EXPECT_WORKERS_OK(run_workers("join_uneven", 3, options));
+}
+
+// throw_on_early_termination: as soon as rank 0 (10 batches) runs out, every rank stops with an
+// error naming it.
+DDP_WORKER(join_throw) {
+  worker_init(std::chrono::seconds(30));
+  const int rank = ddp::get_rank();
+  MLP net;
+  ddp::DistributedDataParallel model(net);
+  int trained = 0;
+  std::string message;
+  try {
+    ddp::Join({model}, ddp::JoinOptions().throw_on_early_termination(true)).run([&] {
+      for (int t = 0; t < batches_of(rank); ++t) {
+        auto [x, y] = rank_batch(rank, t);
+        torch::mse_loss(model.forward(x), y).backward();
+        ++trained;
+      }
+    });
+  } catch (const ddp::EarlyTerminationError& error) {
+    message = error.what();
+  }
+  require(!message.empty(), "rank " + std::to_string(rank) + " finished without the early-termination error");
+  require(message.find("rank 0 ran out of inputs first") != std::string::npos, message);
+  require(message.find("ranks 1, 2 still had some") != std::string::npos, message);
+  require(trained == 10, "rank " + std::to_string(rank) + " trained " + std::to_string(trained) + " iterations, not 10");
+}
+TEST(Join, ThrowOnEarlyTerminationStopsEveryRankNamingTheFirst) {
+  RunOptions options;
+  options.timeout = std::chrono::seconds(60);
+  EXPECT_WORKERS_OK(run_workers("join_throw", 3, options));
+}
+
+// Without Join, uneven inputs keep their clear error at the timeout: the rank with a batch left
+// fails in its gradient allreduce, and the message points at Join.
+DDP_WORKER(uneven_without_join) {
+  worker_init(std::chrono::seconds(3));
+  const int rank = ddp::get_rank();
+  MLP net;
+  ddp::DistributedDataParallel model(net);
+  std::string message;
+  try {
+    for (int t = 0; t < (rank == 0 ? 3 : 2); ++t) {  // past the bucket rebuild (iteration 2)
+      auto [x, y] = rank_batch(rank, t);
+      torch::mse_loss(model.forward(x), y).backward();
+    }
+  } catch (const std::exception& error) {
+    message = error.what();
+  }
+  if (rank == 0) {
+    require(message.find("allreduce of gradient bucket") != std::string::npos, "rank 0: " + message);
+    require(message.find("ddp::Join") != std::string::npos, "rank 0: " + message);
+  } else {
+    require(message.empty(), "rank 1 failed: " + message);
+    std::this_thread::sleep_for(std::chrono::seconds(5));  // stay alive past rank 0's timeout
+  }
+}
+TEST(Join, UnevenInputsWithoutJoinFailAtTheTimeoutPointingToJoin) {
+  RunOptions options;
+  options.timeout = std::chrono::seconds(60);
+  EXPECT_WORKERS_OK(run_workers("uneven_without_join", 2, options));
+}
+
+}  // namespace
