@@ -50,14 +50,16 @@ void usage() {
   std::cout <<
       "usage: ddp_bench [--quick] [--model mlp|resnet] [--batch N] [--configs mlp:4,mlp:64:3,resnet:32]\n"
       "                 [--world 2] [--caps 0,1,5,25,100] [--view-caps 25] [--warmup N] [--steps N]\n"
-      "                 [--rounds N] [--memory-steps N] [--no-memory] [--mlp-width N] [--mlp-layers N]\n"
+      "                 [--rounds N] [--memory-steps N] [--no-memory] [--no-features] [--mlp-width N]\n"
+      "                 [--mlp-layers N]\n"
       "                 [--timeout SECONDS] [--out DIR]\n"
       "  --quick      a small MLP, few steps, worlds 1 and 2 (what CTest runs; under a minute)\n"
       "  --model      one model at its default batch (mlp 4, resnet 32) instead of the three configs\n"
       "  --configs    model:batch[:rounds] list (rounds overrides --rounds for that config)\n"
       "  --caps       bucket_cap_mb values for reducer and ours; 0 = one bucket per parameter\n"
       "  --view-caps  bucket sizes for ours_view (gradient_as_bucket_view) and the memory pass\n"
-      "  --rounds     interleaved rounds; each runs --steps timed steps of every variant\n";
+      "  --rounds     interleaved rounds; each runs --steps timed steps of every variant\n"
+      "  --no-features  without ours_join, ours_detail and ours_auto (what Join, DETAIL, autotuning cost)\n";
 }
 
 template <typename T>
@@ -124,6 +126,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--rounds") o.rounds = std::stoi(value());
     else if (arg == "--memory-steps") o.memory_steps = std::stoi(value());
     else if (arg == "--no-memory") o.memory = false;
+    else if (arg == "--no-features") o.features = false;
     else if (arg == "--mlp-width") width = std::stoi(value());
     else if (arg == "--mlp-layers") layers = std::stoi(value());
     else if (arg == "--timeout") o.timeout_s = std::stoi(value());
@@ -155,11 +158,16 @@ void timing_job(const Options& o, const ModelConfig& config, const ddp::ProcessG
   const int world = group->getSize();
   const Batch batch = make_batch(config, rank);
   std::vector<Variant> variants;
-  for (const auto& spec : all_variants(o.caps, o.view_caps)) {
+  for (const auto& spec : all_variants(o.caps, o.view_caps, o.features)) {
     variants.push_back(make_variant(spec, make_model(config), batch, group));
   }
   for (auto& variant : variants) {
-    for (int i = 0; i < o.warmup; ++i) variant.step();  // ours and reducer rebuild buckets here
+    variant.run_block([&] {
+      for (int i = 0; i < o.warmup; ++i) variant.step();  // ours and reducer rebuild buckets here
+      // ours_auto: until the autotuner has chosen (about 5 steps per distinct layout). The same
+      // count on every rank: they agree on the choice in the same step.
+      for (int i = 0; i < 200 && !variant.settled(); ++i) variant.step();
+    });
   }
   std::vector<std::vector<double>> times(variants.size()), round_medians(variants.size());
   const int rounds = config.rounds > 0 ? config.rounds : o.rounds;
@@ -169,11 +177,13 @@ void timing_job(const Options& o, const ModelConfig& config, const ddp::ProcessG
       const size_t v = (k + static_cast<size_t>(round)) % variants.size();
       ddp::barrier(group);
       std::vector<double> steps;
-      for (int s = 0; s < o.steps; ++s) {
-        const auto start = std::chrono::steady_clock::now();
-        variants[v].step();
-        steps.push_back(ms_since(start));
-      }
+      variants[v].run_block([&] {
+        for (int s = 0; s < o.steps; ++s) {
+          const auto start = std::chrono::steady_clock::now();
+          variants[v].step();
+          steps.push_back(ms_since(start));
+        }
+      });
       times[v].insert(times[v].end(), steps.begin(), steps.end());
       round_medians[v].push_back(median(steps));
     }
@@ -191,7 +201,8 @@ void timing_job(const Options& o, const ModelConfig& config, const ddp::ProcessG
     const VariantSpec& spec = variants[v].spec;
     out["variants"].push_back({{"id", spec.id()}, {"kind", spec.kind_name()},
                                {"bucket_cap_mb", spec.has_buckets() ? json(spec.bucket_cap_mb) : json()},
-                               {"collectives", variants[v].collectives()}, {"times_ms", times[v]},
+                               {"collectives", variants[v].collectives()}, {"note", variants[v].note()},
+                               {"times_ms", times[v]},
                                {"round_median_ms", round_medians[v]}});
   }
   std::ofstream(fs::path(o.out) / timing_file(config, world)) << out.dump(1) << "\n";

@@ -94,6 +94,28 @@ json analyse(const json& raw, const std::map<std::string, json>& memory) {
       if (kind != "reducer" && reducer != by_id.end()) row["ratio_vs_reducer"] = ratio(v, reducer->second);
       row["overlap_efficiency"] = number_or_null(overlap(naive_over_local, vs_local));
     }
+    // The features' costs: against ours at the same cap; ours_auto against the fastest fixed cap.
+    if (kind == "ours_join" || kind == "ours_detail") {
+      std::ostringstream ours_id;
+      ours_id << "ours@" << v["bucket_cap_mb"].get<double>();
+      const auto ours = by_id.find(ours_id.str());
+      if (ours != by_id.end()) row["ratio_vs_ours"] = ratio(v, ours->second);
+    }
+    if (kind == "ours_auto") {
+      const json* best = nullptr;
+      for (const auto& other : raw["variants"]) {
+        if (other["kind"] != "ours") continue;
+        if (!best || median(other["times_ms"].get<std::vector<double>>()) <
+                         median((*best)["times_ms"].get<std::vector<double>>())) {
+          best = &other;
+        }
+      }
+      if (best) {
+        row["best_fixed_cap_mb"] = (*best)["bucket_cap_mb"];
+        row["ratio_vs_best_fixed"] = ratio(v, *best);
+      }
+    }
+    row["note"] = v.value("note", "");
     const auto mem = memory.find(id);
     if (mem != memory.end()) {
       row["peak_rss_steady_mib"] = mem->second["steady_peak_delta_mib"];
@@ -149,6 +171,20 @@ void print_summary(const json& raw, const json& rows, const Options& o) {
     std::printf("  ours_view @%s MiB (gradient_as_bucket_view): %.2f ms, ours_view/reducer %s, ours_view/local %s\n",
                 cap_label(cap).c_str(), get(view, "median_ms"), fixed(get(view, "ratio_vs_reducer")).c_str(),
                 fixed(get(view, "ratio_vs_local")).c_str());
+  }
+  for (const char* name : {"ours_join", "ours_detail"}) {
+    const json* row = find_row(rows, name);
+    if (!row) continue;
+    std::printf("  %s @%s MiB (%s): %.2f ms, %s/ours %s\n", name,
+                cap_label((*row)["bucket_cap_mb"].get<double>()).c_str(),
+                std::string(name) == "ours_join" ? "inside ddp::Join, even inputs" : "TORCH_DISTRIBUTED_DEBUG=DETAIL",
+                get(row, "median_ms"), name, fixed(get(row, "ratio_vs_ours")).c_str());
+  }
+  if (const json* row = find_row(rows, "ours_auto")) {
+    std::printf("  ours_auto (bucket_cap_mb_auto, %s MiB): %.2f ms, ours_auto/ours@%s (the fastest fixed cap) %s\n",
+                (*row)["note"].get<std::string>().c_str(), get(row, "median_ms"),
+                std::isnan(get(row, "best_fixed_cap_mb")) ? "?" : cap_label(get(row, "best_fixed_cap_mb")).c_str(),
+                fixed(get(row, "ratio_vs_best_fixed")).c_str());
   }
 }
 
@@ -238,7 +274,7 @@ bool write_report(const Options& o, const std::string& load_at_start) {
       const json raw = json::parse(in);
       std::map<std::string, json> memory;
       if (o.memory && world == memory_world) {
-        for (const auto& spec : all_variants(o.caps, o.view_caps)) {
+        for (const auto& spec : all_variants(o.caps, o.view_caps, /*features=*/false)) {
           std::ifstream mem(dir / memory_file(config, world, spec));
           if (mem) memory[spec.id()] = json::parse(mem);
         }

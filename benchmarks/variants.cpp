@@ -77,15 +77,45 @@ Variant naive_flat(std::shared_ptr<BenchNet> model, const Batch& batch, const dd
   return v;
 }
 
+// TORCH_DISTRIBUTED_DEBUG=DETAIL for the construction of one model (DDP reads it then).
+struct DetailWhileConstructing {
+  explicit DetailWhileConstructing(bool on) : on(on) {
+    if (on) setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL", 1);
+  }
+  ~DetailWhileConstructing() {
+    if (on) unsetenv("TORCH_DISTRIBUTED_DEBUG");
+  }
+  bool on;
+};
+
 Variant ours(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::ProcessGroupPtr& group,
-             double cap_mb, bool view) {
+             const VariantSpec& spec) {
   auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-3));
+  const double cap_mb = spec.has_buckets() ? spec.bucket_cap_mb : 25;
   auto options = ddp::DDPOptions()
                      .bucket_cap_mb(cap_mb)
                      .first_bucket_cap_mb(static_cast<double>(first_bucket_bytes(cap_mb)) / kMiB)
-                     .gradient_as_bucket_view(view);
-  auto wrapped = std::make_shared<ddp::DistributedDataParallel<BenchNet>>(model, group, options);
+                     .gradient_as_bucket_view(spec.kind == Kind::ours_view)
+                     .bucket_cap_mb_auto(spec.kind == Kind::ours_auto);
+  std::shared_ptr<ddp::DistributedDataParallel<BenchNet>> wrapped;
+  {
+    DetailWhileConstructing detail(spec.kind == Kind::ours_detail);
+    wrapped = std::make_shared<ddp::DistributedDataParallel<BenchNet>>(model, group, options);
+  }
   Variant v;
+  if (spec.kind == Kind::ours_join) {
+    v.run_block = [wrapped](const std::function<void()>& block) { ddp::Join({*wrapped}).run(block); };
+  }
+  if (spec.kind == Kind::ours_auto) {
+    v.settled = [wrapped] { return !wrapped->logging_data().autotune_candidates_mb.empty(); };
+    v.note = [wrapped] {
+      const auto data = wrapped->logging_data();
+      std::ostringstream out;
+      out << "chose " << data.bucket_cap_bytes / static_cast<double>(kMiB) << " MiB of";
+      for (double mb : data.autotune_candidates_mb) out << ' ' << mb;
+      return out.str();
+    };
+  }
   v.step = [=] {
     sgd->zero_grad();
     torch::nn::functional::cross_entropy(wrapped->forward(batch.x), batch.y).backward();
@@ -142,6 +172,9 @@ std::string VariantSpec::kind_name() const {
     case Kind::reducer: return "reducer";
     case Kind::ours: return "ours";
     case Kind::ours_view: return "ours_view";
+    case Kind::ours_join: return "ours_join";
+    case Kind::ours_detail: return "ours_detail";
+    case Kind::ours_auto: return "ours_auto";
   }
   return "?";
 }
@@ -158,20 +191,27 @@ VariantSpec parse_variant(const std::string& id) {
   const std::string name = id.substr(0, at);
   VariantSpec spec;
   if (at != std::string::npos) spec.bucket_cap_mb = std::stod(id.substr(at + 1));
-  for (Kind kind : {Kind::local, Kind::naive, Kind::naive_flat, Kind::reducer, Kind::ours, Kind::ours_view}) {
+  for (Kind kind : {Kind::local, Kind::naive, Kind::naive_flat, Kind::reducer, Kind::ours, Kind::ours_view,
+                    Kind::ours_join, Kind::ours_detail, Kind::ours_auto}) {
     spec.kind = kind;
     if (spec.kind_name() == name) return spec;
   }
   throw std::invalid_argument("unknown variant '" + id + "'");
 }
 
-std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std::vector<double>& view_caps) {
+std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std::vector<double>& view_caps,
+                                      bool features) {
   std::vector<VariantSpec> specs{{Kind::local}, {Kind::naive}, {Kind::naive_flat}};
   for (double cap : caps) {
     specs.push_back({Kind::reducer, cap});
     specs.push_back({Kind::ours, cap});
   }
   for (double cap : view_caps) specs.push_back({Kind::ours_view, cap});
+  if (features && !view_caps.empty()) {
+    specs.push_back({Kind::ours_join, view_caps.front()});
+    specs.push_back({Kind::ours_detail, view_caps.front()});
+  }
+  if (features) specs.push_back({Kind::ours_auto});
   return specs;
 }
 
@@ -183,8 +223,11 @@ Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, c
     case Kind::naive: v = naive(model, batch, group); break;
     case Kind::naive_flat: v = naive_flat(model, batch, group); break;
     case Kind::reducer: v = reducer(model, batch, group, spec.bucket_cap_mb); break;
-    case Kind::ours: v = ours(model, batch, group, spec.bucket_cap_mb, false); break;
-    case Kind::ours_view: v = ours(model, batch, group, spec.bucket_cap_mb, true); break;
+    case Kind::ours:
+    case Kind::ours_view:
+    case Kind::ours_join:
+    case Kind::ours_detail:
+    case Kind::ours_auto: v = ours(model, batch, group, spec); break;
   }
   v.spec = spec;
   return v;

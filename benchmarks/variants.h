@@ -19,6 +19,10 @@ enum class Kind {
   reducer,     // PyTorch's c10d::Reducer, driven like torch/nn/parallel/distributed.py 1.13
   ours,        // ddp::DistributedDataParallel
   ours_view,   // ours with gradient_as_bucket_view(true)
+  // The costs of features, each against ours at the same cap:
+  ours_join,    // ours inside ddp::Join, every rank with the same number of batches
+  ours_detail,  // ours under TORCH_DISTRIBUTED_DEBUG=DETAIL (every collective checked first)
+  ours_auto,    // ours with bucket_cap_mb_auto(true), no fixed cap
 };
 
 struct VariantSpec {
@@ -29,14 +33,24 @@ struct VariantSpec {
   std::string id() const;  // e.g. "ours@25", "local"
 };
 
-// Every kind once, and reducer and ours at each bucket size; ours_view at `view_caps`.
-std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std::vector<double>& view_caps);
+// Every kind once, and reducer and ours at each bucket size; ours_view at `view_caps`; with
+// `features`, ours_join and ours_detail at the first view cap and ours_auto.
+std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std::vector<double>& view_caps,
+                                      bool features);
 VariantSpec parse_variant(const std::string& id);
 
 struct Variant {
   VariantSpec spec;
   std::function<void()> step;
   std::function<int64_t()> collectives;  // gradient collectives per step (after any rebuild)
+  // Runs a block of steps (a round's timed steps, the warm-up); ours_join runs it inside
+  // ddp::Join, whose one-off end (a check and a broadcast of the parameters) is outside the
+  // steps' times, as it is once per epoch in training.
+  std::function<void(const std::function<void()>&)> run_block = [](const std::function<void()>& block) { block(); };
+  // ours_auto: true once the autotuner has chosen (the bench warms up until then).
+  std::function<bool()> settled = [] { return true; };
+  // What the report prints beside the variant, e.g. ours_auto's chosen cap.
+  std::function<std::string()> note = [] { return std::string(); };
 };
 
 // The step works on `model` (which it takes over) and `batch`, synchronizing over `group`.
