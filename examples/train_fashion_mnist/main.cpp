@@ -40,6 +40,7 @@ struct Options {
   int64_t batch_size = 64;  // per rank
   double lr = 2e-3;  // Adam; 3 epochs at world 2 reach ~89% test accuracy
   double bucket_cap_mb = 25;
+  double first_bucket_cap_mb = 1;
   std::string backend = "gloo";
   int64_t seed = 0;
   std::string data_dir = ddp::FashionMNIST::kDefaultDir;
@@ -140,7 +141,7 @@ int run(const Options& options) {
 
   torch::manual_seed(options.seed);  // the same start everywhere (DDP also broadcasts rank 0's)
   auto net = std::make_shared<Net>();
-  ddp::DistributedDataParallel model(net, pg, ddp::DDPOptions().bucket_cap_mb(options.bucket_cap_mb));
+  ddp::DistributedDataParallel model(net, pg, ddp::DDPOptions().bucket_cap_mb(options.bucket_cap_mb).first_bucket_cap_mb(options.first_bucket_cap_mb));
   torch::optim::Adam optimizer(model.parameters(), torch::optim::AdamOptions(options.lr));
 
   ddp::DistributedSampler sampler(*train.size(), ddp::DistributedSamplerOptions()
@@ -236,6 +237,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", options.batch_size, "samples per step on each rank")->check(positive);
   app.add_option("--lr", options.lr, "Adam learning rate")->check(positive);
   app.add_option("--bucket-cap-mb", options.bucket_cap_mb, "gradient bucket size in MiB")->check(positive);
+  app.add_option("--first-bucket-cap-mb", options.first_bucket_cap_mb,
+                 "size of the first bucket (the last layers' gradients) in MiB")->check(positive);
   app.add_option("--backend", options.backend, "gloo, nccl or auto");
   app.add_option("--seed", options.seed, "model initialization and shuffle seed");
   app.add_option("--data-dir", options.data_dir, "folder with the Fashion-MNIST *-ubyte.gz files");
