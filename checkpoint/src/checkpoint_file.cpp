@@ -207,9 +207,13 @@ std::vector<char> make_state_dict_archive(
     dict.insert(item.key(), item.value().detach().to(at::kCPU));
     devices += item.value().device().str() + " " + item.key() + "\n";
   }
-  // What torch::pickle_save does, with room for our records in the same archive.
+  // What torch::pickle_save does, with room for our records in the same archive, and without type
+  // tags on the dict (torch.jit._pickle.restore_type_tag): Python's torch.load refuses that global
+  // under weights_only=True, its default since PyTorch 2.6.
   std::vector<char> pickle;
-  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); });
+  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
   pickler.protocol();
   pickler.pushIValue(c10::IValue(dict));
   pickler.stop();
