@@ -24,11 +24,11 @@ CHROOT=${DDP_CHROOT:-/var/tmp/torchddp-trixie}
 SUITE=${SUITE:-trixie}
 JOBS=${JOBS:-$(nproc)}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-# The host's scripts/setup.sh list, less what the chroot cannot use (python3-torch: the Python
-# interop test then skips, saying why).
+# The host's scripts/setup.sh list. python3-torch (2.6): the Python interop tests with 2.6's
+# torch.load (weights_only by default) and torchrun 2.x (the main job under it).
 PACKAGES="cmake g++ ninja-build ccache pkg-config zlib1g-dev libtorch-dev libgloo-dev libfmt-dev
           libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev dataset-fashion-mnist gnuplot-nox
-          procps iproute2"
+          procps iproute2 python3-torch openmpi-bin"
 
 log() { echo "[libtorch2] $*"; }
 

@@ -5,6 +5,7 @@ packages=(cmake g++ ninja-build ccache pkg-config zlib1g-dev
           libtorch-dev libgloo-dev libfmt-dev libgtest-dev libgmock-dev libcli11-dev
           nlohmann-json3-dev dataset-fashion-mnist gnuplot-nox procps iproute2
           libopenblas0-pthread  # a real BLAS: Debian's LibTorch otherwise uses the reference one
+          openmpi-bin           # the test that the main job runs under mpirun
           python3-torch)  # python3-torch: the checkpoint test that Python reads our files
 missing=()
 for p in "${packages[@]}"; do

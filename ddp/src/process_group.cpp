@@ -1,6 +1,7 @@
 // Rendezvous and the default process group.
 #include "ddp/process_group.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <sstream>
@@ -12,10 +13,14 @@
 
 #include <torch/cuda.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "backends.h"
 #include "compat.h"
+#include "parse_int.h"
+#include "ddp/launch_environment.h"
 
 namespace ddp {
 namespace {
@@ -27,31 +32,8 @@ ProcessGroupPtr g_default_group;
   throw std::invalid_argument("ddp::init_process_group: " + message);
 }
 
-// Parses a whole string as an integer in [lo, hi]; `what` names the value in errors.
 long parse_int(const std::string& text, const std::string& what, long lo, long hi) {
-  size_t used = 0;
-  long value = 0;
-  try {
-    value = std::stol(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size()) {
-    fail(what + "='" + text + "' is not an integer (expected a whole number in [" + std::to_string(lo) + ", " +
-         std::to_string(hi) + "])");
-  }
-  if (value < lo || value > hi) {
-    fail(what + "=" + text + " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  }
-  return value;
-}
-
-std::string require_env(const char* name, const std::string& hint) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') {
-    fail(std::string(name) + " is not set: " + hint);
-  }
-  return value;
+  return detail::parse_int(text, what, lo, hi, "ddp::init_process_group: ");
 }
 
 struct Endpoint {
@@ -137,21 +119,43 @@ void rendezvous(c10d::Store& store, int rank, int world_size, std::chrono::milli
   }
 }
 
+// What env:// needs and the launcher did not give: the fix depends on who started the ranks.
+std::string master_hint(const LaunchEnvironment& launch, const char* name) {
+  const std::string what = std::string(name) == "MASTER_ADDR" ? "the address of rank 0's host, e.g. 127.0.0.1"
+                                                                : "a free TCP port on rank 0's host, e.g. 29500";
+  if (launch.source == LaunchEnvironment::Source::kOpenMpi) {
+    return what + ". Open MPI knows no master: export it to every rank (mpirun -x MASTER_ADDR=<first host> "
+                  "-x MASTER_PORT=29500 ...)";
+  }
+  return what + " (init_method env://; ddprun and torchrun set it)";
+}
+
 }  // namespace
 
 ProcessGroupPtr new_process_group(const InitOptions& options) {
-  // Rank and world size: explicit options win, then torchrun's environment variables.
-  const std::string launcher_hint = "set it (ddprun and torchrun do) or pass InitOptions.";
-  const int world_size = options.world_size >= 0
-      ? options.world_size
-      : static_cast<int>(parse_int(require_env("WORLD_SIZE", launcher_hint + "world_size"), "WORLD_SIZE", 1, 1 << 20));
+  // Rank and world size: explicit options win, then the launcher's variables (launch_environment.h).
+  const LaunchEnvironment launch = launch_environment();
+  const bool alone = launch.source == LaunchEnvironment::Source::kNone && options.world_size < 0;
+  if (alone && options.require_launcher) {
+    fail("no launcher variables are set (RANK/WORLD_SIZE from ddprun or torchrun, SLURM_PROCID from srun, "
+         "OMPI_COMM_WORLD_RANK from mpirun) and InitOptions.require_launcher is true: start the program with a "
+         "launcher, or pass InitOptions.rank and world_size");
+  }
+  const int world_size = options.world_size >= 0 ? options.world_size : launch.world_size;
   if (world_size < 1) fail("world_size=" + std::to_string(world_size) + " must be at least 1");
-  const int rank = options.rank >= 0
-      ? options.rank
-      : static_cast<int>(parse_int(require_env("RANK", launcher_hint + "rank"), "RANK", 0, 1 << 20));
+  const int rank = options.rank >= 0 ? options.rank : launch.rank;
   if (rank >= world_size) {
     fail("rank " + std::to_string(rank) + " is out of range for world_size " +
          std::to_string(world_size) + " (valid ranks: 0.." + std::to_string(world_size - 1) + ")");
+  }
+  if (rank == 0 && (alone || launch.source == LaunchEnvironment::Source::kSlurm ||
+                    launch.source == LaunchEnvironment::Source::kOpenMpi)) {
+    // Said once, by rank 0, where the job's shape was inferred rather than given.
+    std::fprintf(stderr, "[torchddp] %s\n",
+                 alone ? "no launcher (RANK/WORLD_SIZE, Slurm or Open MPI variables): running as a world of 1"
+                       : ("world of " + std::to_string(world_size) + " from " + launch.describe() + ", master " +
+                          launch.master_addr + ":" + std::to_string(launch.master_port))
+                             .c_str());
   }
 
   std::string backend = options.backend;
@@ -171,13 +175,15 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
   c10::intrusive_ptr<c10d::Store> store;
   std::string master_host = "127.0.0.1";
   const std::string where = method;
-  if (method.rfind("env://", 0) == 0 || method.rfind("tcp://", 0) == 0) {
+  if (alone && method.rfind("env://", 0) == 0) {
+    store = c10::make_intrusive<c10d::HashStore>();  // a world of one meets no one
+  } else if (method.rfind("env://", 0) == 0 || method.rfind("tcp://", 0) == 0) {
     Endpoint endpoint;
     if (method.rfind("env://", 0) == 0) {
-      endpoint.host = require_env("MASTER_ADDR", "the address of rank 0's host, e.g. 127.0.0.1 (init_method env://)");
-      endpoint.port = static_cast<int>(parse_int(
-          require_env("MASTER_PORT", "a free TCP port on rank 0's host, e.g. 29500 (init_method env://)"),
-          "MASTER_PORT", 1, 65535));
+      if (launch.master_addr.empty()) fail("MASTER_ADDR is not set: " + master_hint(launch, "MASTER_ADDR"));
+      if (launch.master_port == 0) fail("MASTER_PORT is not set: " + master_hint(launch, "MASTER_PORT"));
+      endpoint.host = launch.master_addr;
+      endpoint.port = launch.master_port;
       check_resolvable(endpoint.host, "MASTER_ADDR='" + endpoint.host + "'",
                        "set it to the host name or IP address of rank 0's machine");
     } else {
@@ -188,7 +194,9 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
     master_host = endpoint.host;
     c10d::TCPStoreOptions store_options;
     store_options.port = static_cast<std::uint16_t>(endpoint.port);
-    store_options.isServer = rank == 0;
+    // torchrun 2.x hosts the store in its agent (TORCHELASTIC_USE_AGENT_STORE): every rank is a client.
+    const bool agent_store = launch.agent_store && method.rfind("env://", 0) == 0;
+    store_options.isServer = rank == 0 && !agent_store;
     store_options.numWorkers = world_size;
     store_options.waitWorkers = false;  // our own rendezvous below names the missing ranks
     store_options.timeout = options.timeout;
@@ -205,6 +213,10 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
                 << " s: is rank 0 running, and are MASTER_ADDR/MASTER_PORT right? (" << error.what() << ")";
       }
       throw std::runtime_error("ddp::init_process_group: " + message.str());
+    }
+    // The agent's store outlives restarts: each attempt keeps its keys apart, as torch.distributed does.
+    if (agent_store) {
+      store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(launch.restart_count), store);
     }
   } else if (method.rfind("file://", 0) == 0) {
     const std::string path = method.substr(7);
@@ -253,10 +265,6 @@ void destroy_process_group() {
   g_default_group.reset();
 }
 
-int local_rank() {
-  const char* value = std::getenv("LOCAL_RANK");
-  if (value == nullptr || *value == '\0') return 0;
-  return static_cast<int>(parse_int(value, "LOCAL_RANK", 0, 1 << 20));
-}
+int local_rank() { return launch_environment().local_rank; }
 
 }  // namespace ddp

@@ -91,16 +91,10 @@ class ProgressBar {
   std::chrono::steady_clock::time_point last_{};
 };
 
+// env:// under ddprun, torchrun, srun or mpirun; started alone, a world of one (launch_environment.h).
 ddp::ProcessGroupPtr init(const Options& options) {
   ddp::InitOptions init;
   init.backend = options.backend;
-  if (std::getenv("WORLD_SIZE") == nullptr) {
-    // Started alone (no launcher): a world of one over a private file store.
-    init.rank = 0;
-    init.world_size = 1;
-    init.init_method = "file://" + (std::filesystem::temp_directory_path() /
-                                    ("train_fashion_mnist." + std::to_string(getpid()))).string();
-  }
   return ddp::init_process_group(init);
 }
 

@@ -158,7 +158,7 @@ TEST(ProcessGroupBadInput, InvalidWorldSize) {
 
 TEST(ProcessGroupBadInput, RankNotBelowWorldSize) {
   auto message = init_error({}, {{"WORLD_SIZE", "2"}, {"RANK", "2"}});
-  EXPECT_NE(message.find("rank 2 is out of range for world_size 2 (valid ranks: 0..1)"), std::string::npos) << message;
+  EXPECT_NE(message.find("RANK=2 is out of range for WORLD_SIZE=2 (valid ranks: 0..1)"), std::string::npos) << message;
 }
 
 TEST(ProcessGroupBadInput, MissingMasterAddr) {
@@ -175,7 +175,8 @@ TEST(ProcessGroupBadInput, InvalidMasterPort) {
 // env:// reads everything from torchrun's variables: each bad one is named, with its value and a fix.
 TEST(ProcessGroupBadInput, EnvMissingWorldSize) {
   auto message = init_error({"gloo"}, {{"RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}});
-  EXPECT_NE(message.find("WORLD_SIZE is not set: set it (ddprun and torchrun do) or pass InitOptions.world_size"),
+  EXPECT_NE(message.find("WORLD_SIZE is not set, but RANK is: set both (ddprun and torchrun do), or pass "
+                         "InitOptions.rank and world_size"),
             std::string::npos) << message;
 }
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <ddp/launch_environment.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 namespace ddp {
@@ -21,9 +22,12 @@ struct InitOptions {
   std::string backend = "auto";
   // "env://" (MASTER_ADDR/MASTER_PORT), "tcp://host:port", or "file:///path/to/shared/file".
   std::string init_method = "env://";
-  // -1: read RANK / WORLD_SIZE from the environment (torchrun's and ddprun's variables).
+  // -1: from the launcher's variables (launch_environment.h: torchrun/ddprun, Slurm, Open MPI; a
+  // world of one, with a notice, when there is no launcher).
   int rank = -1;
   int world_size = -1;
+  // true: no launcher is an error instead of a world of one.
+  bool require_launcher = false;
   // Applies to the rendezvous and to every collective: a dead peer becomes an error, not a hang.
   std::chrono::milliseconds timeout = kDefaultTimeout;
 };
@@ -61,7 +65,8 @@ void broadcast(at::Tensor& tensor, int src = 0, const ProcessGroupPtr& group = {
 // Returns world_size tensors shaped like `tensor`, index r holding rank r's value.
 std::vector<at::Tensor> all_gather(const at::Tensor& tensor, const ProcessGroupPtr& group = {});
 
-// LOCAL_RANK from the environment (0 when unset): which device this process should use.
+// This process's rank on its host, from the launcher (launch_environment.h: LOCAL_RANK,
+// SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK; 0 without one): which device it should use.
 int local_rank();
 
 // The device a tensor must be on for a collective on `group` (the default group when null): the
