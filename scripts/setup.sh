@@ -6,6 +6,7 @@ packages=(cmake g++ ninja-build ccache pkg-config zlib1g-dev
           nlohmann-json3-dev dataset-fashion-mnist gnuplot-nox procps iproute2
           libopenblas0-pthread  # a real BLAS: Debian's LibTorch otherwise uses the reference one
           openmpi-bin           # the test that the main job runs under mpirun
+          slurm-wlm munge       # ... and under srun/sbatch of a one-node Slurm the test starts
           python3-torch)  # python3-torch: the checkpoint test that Python reads our files
 missing=()
 for p in "${packages[@]}"; do

@@ -7,6 +7,9 @@
 #   main_job_test.sh mpirun DDPRUN TRAIN    2 ranks under Open MPI's mpirun (MASTER_ADDR/PORT exported):
 #                                           the same loss and accuracy lines as under ddprun
 #   main_job_test.sh torchrun DDPRUN TRAIN  the same under torchrun 2.x (its agent hosts the store)
+#   main_job_test.sh srun DDPRUN TRAIN      the same under `srun -n 2` of a real one-node Slurm cluster
+#                                           (slurm_cluster.sh, torn down on exit), then the README's
+#                                           sbatch script
 #   main_job_test.sh progress TRAIN         a progress bar on a terminal (util-linux `script`),
 #                                           plain lines when piped
 #   main_job_test.sh resume TRAIN           --checkpoint-dir: a second run resumes after epoch 1
@@ -36,7 +39,7 @@ case $mode in
     grep -Eq "^\[rank 0\] $epoch_line" <<<"$out" || fail "no epoch line with (10000 samples) and samples/s"
     ;;
 
-  mpirun | torchrun)
+  mpirun | torchrun | srun)
     ddprun=$1 train=$2
     # The figures of each epoch without the throughput, which differs run to run.
     figures() { grep -Eo 'epoch [0-9]/2: train loss [0-9.]+ acc [0-9.]+% \| test loss [0-9.]+ acc [0-9.]+% \(10000 samples\)' <<<"$1"; }
@@ -51,6 +54,20 @@ case $mode in
       [[ $(id -u) == 0 ]] && root=(--allow-run-as-root)
       engine=(mpirun "${root[@]}" --oversubscribe -n 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$port)
       says="world of 2 from Open MPI"
+    elif [[ $mode == srun ]]; then
+      if ! command -v slurmctld >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
+        echo "SKIP: Slurm is not installed (Debian: slurm-wlm and munge; scripts/setup.sh installs them)"
+        exit 77
+      fi
+      if [[ $(id -u) != 0 ]]; then
+        echo "SKIP: the test's Slurm cluster runs its daemons as root; run as root (CI does)"
+        exit 77
+      fi
+      source "$(dirname "$0")/slurm_cluster.sh"
+      trap stop_slurm EXIT
+      start_slurm
+      engine=(srun -n 2 --time=5)
+      says="world of 2 from Slurm"
     else
       version=$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null | tail -n1)
       if ! command -v torchrun >/dev/null 2>&1 || [[ -z $version ]]; then
@@ -88,6 +105,15 @@ case $mode in
     grep -q "$says" <<<"$out" || fail "no '$says' line under $mode"
     [[ $(figures "$out") == "$expected" ]] ||
       fail "$mode's figures differ from ddprun's:"$'\n'"$expected"$'\n'"vs"$'\n'"$(figures "$out")"
+    if [[ $mode == srun ]]; then
+      # The README's sbatch script: the batch step starts the ranks with srun.
+      printf '%s\n' '#!/bin/bash' '#SBATCH --job-name=train --ntasks=2 --time=00:05:00' \
+        "srun $train --epochs 2 ${small[*]}" >"$cluster/job.sh"
+      timeout 240 sbatch --wait -o "$cluster/job.out" "$cluster/job.sh" >/dev/null ||
+        { code=$?; out=$(cat "$cluster/job.out" 2>&1); fail "sbatch --wait: exit code $code"; }
+      out=$(cat "$cluster/job.out")
+      [[ $(figures "$out") == "$expected" ]] || fail "the sbatch job's figures differ from ddprun's"
+    fi
     ;;
 
   progress)
