@@ -140,6 +140,51 @@ TEST(Join, ThrowOnEarlyTerminationStopsEveryRankNamingTheFirst) {
   EXPECT_WORKERS_OK(run_workers("join_throw", 3, options));
 }
 
+// A model with buffers (BatchNorm's running statistics): the join check must be answered before
+// the buffer broadcast, whose source is a rank that still trains. Uneven inputs at 3 ranks finish,
+// and every rank ends with the same parameters and buffers.
+struct NormedImpl : torch::nn::Module {
+  NormedImpl() {
+    a = register_module("a", torch::nn::Linear(10, 8));
+    norm = register_module("norm", torch::nn::BatchNorm1d(8));
+    b = register_module("b", torch::nn::Linear(8, 5));
+  }
+  torch::Tensor forward(torch::Tensor x) { return b(torch::relu(norm(a(x)))); }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  torch::nn::BatchNorm1d norm{nullptr};
+};
+TORCH_MODULE(Normed);
+
+DDP_WORKER(join_buffers) {
+  worker_init(std::chrono::seconds(30));
+  const int rank = ddp::get_rank();
+  torch::manual_seed(5);
+  Normed net;
+  ddp::DistributedDataParallel model(net);
+  torch::optim::SGD opt(model.parameters(), 0.05);
+  ddp::Join({model}).run([&] {
+    for (int t = 0; t < batches_of(rank); ++t) {
+      auto [x, y] = rank_batch(rank, t);
+      opt.zero_grad();
+      torch::mse_loss(model.forward(x), y).backward();
+      opt.step();
+    }
+  });
+  std::vector<torch::Tensor> flat;
+  for (const auto& p : net->parameters()) flat.push_back(p.detach().flatten());
+  for (const auto& b : net->buffers()) flat.push_back(b.detach().flatten().to(torch::kFloat));
+  auto gathered = ddp::all_gather(torch::cat(flat));
+  for (size_t r = 1; r < gathered.size(); ++r) {
+    require(torch::equal(gathered[0], gathered[r]), "rank " + std::to_string(r) + "'s parameters or buffers differ");
+  }
+  require(net->norm->num_batches_tracked.item<int64_t>() > 0, "the running statistics never moved");
+}
+TEST(Join, ModelWithBuffersFinishesWithTheSameStateEverywhere) {
+  RunOptions options;
+  options.timeout = std::chrono::seconds(60);
+  EXPECT_WORKERS_OK(run_workers("join_buffers", 3, options));
+}
+
 // Without Join, uneven inputs keep their clear error at the timeout: the rank with a batch left
 // fails in its gradient allreduce, and the message points at Join.
 DDP_WORKER(uneven_without_join) {
