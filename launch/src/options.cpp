@@ -1,5 +1,7 @@
 #include "options.h"
 
+#include <sstream>
+
 #include <sched.h>
 #include <unistd.h>
 
@@ -108,6 +110,9 @@ bool parse_options(int argc, char** argv, Options& options) {
   app.add_option("--log-dir,--log_dir", options.log_dir, "write each rank's output to DIR/rank_<RANK>.log");
   app.add_flag("--tee,!--no-tee", options.tee, "copy rank output to the console (default on; --no-tee needs --log-dir)");
   app.add_flag("--prefix,!--no-prefix", options.prefix, "prefix console lines with [rank N] (default on)");
+  std::string filter;
+  app.add_option("--local-ranks-filter,--local_ranks_filter", filter,
+                 "show only these local ranks on the console, e.g. 0 or 0,3 (all ranks still go to --log-dir)");
   app.set_version_flag("--version", "ddprun 0.1.0");
   // Everything from the first positional argument on is the program's command line, so
   // `ddprun --nproc-per-node 2 train --lr 0.1` works without `--`.
@@ -164,6 +169,22 @@ bool parse_options(int argc, char** argv, Options& options) {
   if (options.monitor_interval_s <= 0) throw UsageError("--monitor-interval must be > 0");
   if (options.rdzv_timeout_s <= 0) throw UsageError("--timeout must be > 0");
   if (options.grace_period_s < 0) throw UsageError("--grace-period must be >= 0");
+  if (!filter.empty()) {
+    std::stringstream items(filter);
+    for (std::string item; std::getline(items, item, ',');) {
+      size_t used = 0;
+      int local = -1;
+      try {
+        local = std::stoi(item, &used);
+      } catch (const std::logic_error&) {
+      }
+      if (used != item.size() || item.empty() || local < 0 || local >= options.nproc_per_node) {
+        throw UsageError("--local-ranks-filter: '" + item + "' is not a local rank (valid: 0.." +
+                         std::to_string(options.nproc_per_node - 1) + ", comma-separated)");
+      }
+      options.console_ranks.push_back(local);
+    }
+  }
   if (!options.tee && options.log_dir.empty()) {
     throw UsageError("--no-tee without --log-dir would throw every rank's output away");
   }

@@ -26,6 +26,7 @@ struct Options {
   std::string log_dir;              // one file per rank when set
   bool tee = true;                  // copy rank output to the console
   bool prefix = true;               // "[rank N] " before each console line
+  std::vector<int> console_ranks;   // --local-ranks-filter: local ranks shown on the console (empty: all)
   std::vector<std::string> command;  // program and its arguments, as given
   std::string program_path;          // command[0] resolved through PATH
 };

@@ -7,6 +7,43 @@
 #include <stdexcept>
 
 namespace ddprun {
+namespace {
+
+// The console all ranks share: which rank's progress line is on screen, unfinished (-1: none).
+struct Console {
+  int open_progress = -1;
+  bool is_terminal[3] = {false, isatty(STDOUT_FILENO) != 0, isatty(STDERR_FILENO) != 0};
+};
+Console& console() {
+  static Console instance;
+  return instance;
+}
+
+// What a terminal shows of text with carriage returns: the part after the last "\r" that is not
+// empty, without erase-to-end-of-line sequences.
+std::string as_shown(const std::string& text) {
+  std::string shown = text;
+  for (size_t cr = shown.rfind('\r'); cr != std::string::npos; cr = shown.rfind('\r')) {
+    if (cr + 1 < shown.size()) {
+      shown.erase(0, cr + 1);
+      break;
+    }
+    shown.erase(cr);  // a trailing "\r": the text before it is what stays on screen
+  }
+  for (size_t at; (at = shown.find("\033[K")) != std::string::npos;) shown.erase(at, 3);
+  return shown;
+}
+
+void write_all(int fd, const std::string& out) {
+  for (size_t written = 0; written < out.size();) {
+    const ssize_t n = write(fd, out.data() + written, out.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // console gone: keep supervising anyway
+    written += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
 
 RankOutput::RankOutput(int rank, int restart, const OutputSettings& settings) : rank_(rank), settings_(settings) {
   if (settings_.log_dir.empty()) return;
@@ -33,6 +70,17 @@ void RankOutput::feed(int stream, const char* data, size_t size) {
     emit(stream, pending.substr(start, newline - start));
   }
   pending.erase(0, start);
+  if (pending.find('\r') != std::string::npos) show_progress(stream, as_shown(pending));
+}
+
+void RankOutput::show_progress(int stream, const std::string& text) {
+  Console& screen = console();
+  if (!settings_.tee || !screen.is_terminal[stream] || text.empty()) return;
+  const std::string prefix = settings_.prefix ? "[rank " + std::to_string(rank_) + "] " : std::string();
+  // Another rank's unfinished progress line stays as it was; this one starts below it.
+  const std::string start = screen.open_progress >= 0 && screen.open_progress != rank_ ? "\n" : "\r";
+  write_all(stream == 2 ? STDERR_FILENO : STDOUT_FILENO, start + prefix + text + "\033[K");
+  screen.open_progress = rank_;
 }
 
 void RankOutput::finish() {
@@ -42,7 +90,8 @@ void RankOutput::finish() {
   }
 }
 
-void RankOutput::emit(int stream, const std::string& line) {
+void RankOutput::emit(int stream, const std::string& raw) {
+  const std::string line = as_shown(raw);
   tail_.push_back(line);
   if (tail_.size() > kTailLines) tail_.pop_front();
   if (log_ != nullptr) {
@@ -51,16 +100,17 @@ void RankOutput::emit(int stream, const std::string& line) {
     std::fflush(log_);  // a log must be complete even if ddprun is killed
   }
   if (!settings_.tee) return;
-  std::string out = settings_.prefix ? "[rank " + std::to_string(rank_) + "] " : std::string();
-  out += line;
-  out += '\n';
-  const int fd = stream == 2 ? STDERR_FILENO : STDOUT_FILENO;
-  for (size_t written = 0; written < out.size();) {
-    const ssize_t n = write(fd, out.data() + written, out.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;  // console gone: keep supervising anyway
-    written += static_cast<size_t>(n);
+  Console& screen = console();
+  std::string out;
+  if (screen.open_progress >= 0) {
+    // This rank's own progress line is replaced by the line; another rank's is left above it.
+    out = screen.open_progress == rank_ ? "\r" : "\n";
+    screen.open_progress = -1;
   }
+  out += settings_.prefix ? "[rank " + std::to_string(rank_) + "] " : std::string();
+  out += line;
+  out += screen.is_terminal[stream] && out.front() == '\r' ? "\033[K\n" : "\n";
+  write_all(stream == 2 ? STDERR_FILENO : STDOUT_FILENO, out);
 }
 
 }  // namespace ddprun

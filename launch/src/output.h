@@ -2,6 +2,11 @@
 // One rank's output: split into lines, copied to the console with a "[rank N] " prefix (one
 // write() per line, so lines of different ranks never interleave mid-line), appended to the
 // rank's log file, and its last lines kept for the failure report.
+//
+// Progress lines ("\r" redraws without a newline, like a progress bar): a line is what a terminal
+// would end up showing, the text after its last "\r" (so a bar redrawn 1,000 times is one line, not
+// one 4,000-character line). On a terminal the redraws are also shown as they come, on one
+// console line with the rank's prefix; the next line from any rank starts on a fresh line.
 #include <cstdio>
 #include <deque>
 #include <string>
@@ -32,6 +37,7 @@ class RankOutput {
 
  private:
   void emit(int stream, const std::string& line);
+  void show_progress(int stream, const std::string& text);
 
   int rank_;
   OutputSettings settings_;

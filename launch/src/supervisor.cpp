@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <map>
@@ -48,8 +49,11 @@ class Round {
       : options_(options), info_(info), round_(round), rendezvous_(rendezvous) {}
 
   RoundResult run() {
-    const OutputSettings settings{options_.tee, options_.prefix, options_.log_dir};
     for (int local = 0; local < options_.nproc_per_node; ++local) {
+      const auto& shown = options_.console_ranks;
+      const bool on_console =
+          options_.tee && (shown.empty() || std::find(shown.begin(), shown.end(), local) != shown.end());
+      const OutputSettings settings{on_console, options_.prefix, options_.log_dir};
       Rank rank;
       rank.global = info_.rank_offset + local;
       rank.output = std::make_unique<RankOutput>(rank.global, round_, settings);
@@ -180,6 +184,24 @@ class Round {
 
 }  // namespace
 
+// A rank's stdout is a pipe to ddprun, which C's stdio buffers in 4 KiB blocks: printf output
+// would arrive in bursts (two epochs at once, the last at exit). coreutils' libstdbuf (what
+// `stdbuf -oL` preloads) makes it line-buffered, as on a terminal. Skipped when it is not
+// installed or the user chose a buffering already (_STDBUF_O set).
+static void add_line_buffering(std::vector<std::string>& env) {
+  static const char* const kLibstdbuf[] = {"/usr/libexec/coreutils/libstdbuf.so", "/usr/lib/coreutils/libstdbuf.so"};
+  if (std::getenv("_STDBUF_O") != nullptr) return;
+  for (const char* path : kLibstdbuf) {
+    if (access(path, R_OK) != 0) continue;
+    const char* preload = std::getenv("LD_PRELOAD");
+    env.erase(std::remove_if(env.begin(), env.end(), [](const std::string& e) { return e.rfind("LD_PRELOAD=", 0) == 0; }),
+              env.end());
+    env.push_back("LD_PRELOAD=" + std::string(path) + (preload && *preload ? std::string(":") + preload : ""));
+    env.push_back("_STDBUF_O=L");
+    return;
+  }
+}
+
 std::vector<std::string> rank_environment(const Options& options, const RoundInfo& info, int local_rank, int round) {
   const std::map<std::string, std::string> ours{
       {"RANK", std::to_string(info.rank_offset + local_rank)},
@@ -200,6 +222,7 @@ std::vector<std::string> rank_environment(const Options& options, const RoundInf
   for (const auto& [name, value] : ours) env.push_back(name + "=" + value);
   // Several ranks each using every core oversubscribe the machine (torchrun does the same).
   if (options.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) env.push_back("OMP_NUM_THREADS=1");
+  add_line_buffering(env);
   return env;
 }
 

@@ -128,7 +128,8 @@ TEST(ProcessGroup, UnreachableMasterIsAClearErrorNotAHang) {
 // Runs new_process_group with exactly `env` as torchrun's variables, then restores them, so that
 // no later test (or worker it starts) inherits a bad MASTER_PORT.
 std::string init_error(ddp::InitOptions options, std::map<std::string, const char*> env) {
-  const char* names[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
+  const char* names[] = {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMPI_COMM_WORLD_RANK",
+                         "OMPI_COMM_WORLD_SIZE"};
   std::map<std::string, std::string> saved;
   for (const char* name : names) {
     if (const char* value = std::getenv(name)) saved[name] = value;
@@ -197,6 +198,13 @@ TEST(ProcessGroupBadInput, EnvMissingMasterPort) {
   auto message = init_error({"gloo"}, {{"WORLD_SIZE", "1"}, {"RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}});
   EXPECT_NE(message.find("MASTER_PORT is not set: a free TCP port on rank 0's host, e.g. 29500"), std::string::npos)
       << message;
+}
+
+// Under mpirun, env:// has no master unless one is exported: the error says how.
+TEST(ProcessGroupBadInput, OpenMpiWithoutMasterAddrSaysHowToExportIt) {
+  auto message = init_error({"gloo"}, {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}});
+  EXPECT_NE(message.find("MASTER_ADDR is not set"), std::string::npos) << message;
+  EXPECT_NE(message.find("mpirun -x MASTER_ADDR="), std::string::npos) << message;
 }
 
 // A MASTER_ADDR that no resolver knows (the .invalid TLD is reserved for this): an error naming it

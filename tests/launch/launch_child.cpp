@@ -10,12 +10,16 @@
 //                       Appends "attempt=A step=S weight=W" to DIR/steps_<RANK>.txt per finished step
 //   hang [grandchild]   prints "ready rank=R pid=P" and sleeps; optionally starts a helper
 //                       process first (it must die with the rank's process group)
+//   print DIR           printf "first line rank=R" (no fflush), waits up to 30 s for DIR/go (the
+//                       test creates it once it has read that line through ddprun), then redraws a
+//                       progress line with "\r" and ends it with "done rank=R"; exit 3 without go
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -144,6 +148,22 @@ int main(int argc, char** argv) {
     sleep_s(std::atof(argv[4]));
     std::cerr << "rank " << rank() << " giving up with code " << argv[3] << std::endl;
     return std::atoi(argv[3]);
+  }
+  if (mode == "print" && argc > 2) {
+    // stdio buffers a pipe in blocks: the line reaches ddprun now only if stdout is line-buffered.
+    std::printf("first line rank=%d\n", rank());
+    const auto go = std::filesystem::path(argv[2]) / "go";
+    for (int i = 0; i < 300 && !std::filesystem::exists(go); ++i) sleep_s(0.1);
+    if (!std::filesystem::exists(go)) {
+      std::printf("nobody read the first line rank=%d\n", rank());
+      return 3;
+    }
+    for (int step = 1; step <= 50; ++step) {
+      std::printf("\rprogress %d/50", step);
+      std::fflush(stdout);  // as progress bars do: each redraw reaches ddprun on its own
+    }
+    std::printf("\r\033[Kdone rank=%d\n", rank());
+    return 0;
   }
   if (mode == "hang") {
     if (argc > 2 && std::string(argv[2]) == "grandchild") {

@@ -125,6 +125,39 @@ TEST(Launch, ProgramWithoutSeparatorAndUserOmpThreadsKept) {
   EXPECT_EQ(f.output.find("setting OMP_NUM_THREADS"), std::string::npos) << f.output;
 }
 
+// A rank's printf output reaches the console as it is printed (stdio would buffer the pipe in
+// blocks until exit), and a "\r" progress bar ends up as one line per rank, not 50 redraws on one.
+TEST(Launch, OutputArrivesAsPrintedAndProgressLinesStayShort) {
+  TempDir dir;
+  launch_test::Subprocess job(ddprun({"--nproc-per-node", "2", "--standalone"}, {"print", dir.path}), {});
+  ASSERT_TRUE(job.wait_for_output("first line rank=", 2, 60s)) << job.output();
+  std::ofstream(std::filesystem::path(dir.path) / "go") << "go";
+  auto f = job.wait(60s);
+  ASSERT_EQ(f.exit_code, 0) << describe(f);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NE(f.output.find("[rank " + std::to_string(rank) + "] done rank=" + std::to_string(rank) + "\n"),
+              std::string::npos) << f.output;
+  }
+  EXPECT_EQ(f.output.find('\r'), std::string::npos) << "progress redraws in piped output: " << f.output;
+  EXPECT_EQ(f.output.find("progress"), std::string::npos) << f.output;
+}
+
+// --local-ranks-filter (torchrun's): only those ranks on the console; every rank still in its log.
+TEST(Launch, LocalRanksFilterShowsOnlyThoseRanks) {
+  TempDir dir, logs;
+  std::ofstream(std::filesystem::path(dir.path) / "go") << "go";
+  auto f = launch_test::run(ddprun({"--nproc-per-node", "2", "--standalone", "--local-ranks-filter", "1", "--log-dir",
+                                    logs.path},
+                                   {"print", dir.path}),
+                            {}, 120s);
+  ASSERT_EQ(f.exit_code, 0) << describe(f);
+  EXPECT_NE(f.output.find("[rank 1] done rank=1"), std::string::npos) << f.output;
+  EXPECT_EQ(f.output.find("[rank 0]"), std::string::npos) << f.output;
+  std::ifstream log(std::filesystem::path(logs.path) / "rank_0.log");
+  const std::string logged((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(logged.find("done rank=0"), std::string::npos) << logged;
+}
+
 TEST(Launch, RankExitCodeStopsTheOthersAndIsReported) {
   auto tag = launch_test::unique_tag("exit3");
   auto f = launch_test::run(ddprun({"--nproc-per-node", "3", "--grace-period", "2", "--standalone"}, {"fail", "1", "3"}),
@@ -453,6 +486,11 @@ TEST(LaunchBadInput, UnknownOption) {
 
 TEST(LaunchBadInput, ZeroProcesses) {
   expect_usage_error(ddprun({"--nproc-per-node", "0"}, {"hang"}), "--nproc-per-node must be at least 1 (got 0)");
+}
+
+TEST(LaunchBadInput, LocalRanksFilterOutOfRange) {
+  expect_usage_error(ddprun({"--nproc-per-node", "2", "--local-ranks-filter", "0,2"}, {"hang"}),
+                     "--local-ranks-filter: '2' is not a local rank (valid: 0..1, comma-separated)");
 }
 
 TEST(LaunchBadInput, NotANumber) {
