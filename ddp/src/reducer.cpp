@@ -481,7 +481,11 @@ void Reducer::launch_ready_buckets() {
     } else {
       check_collective(static_cast<int>(CollectiveOp::kBucketReduction), static_cast<int64_t>(next_bucket_), bucket.flat);
       c10::OptionalDeviceGuard guard(bucket.flat.device());
-      bucket.work = group_->allreduce(bucket.collective);
+      try {
+        bucket.work = group_->allreduce(bucket.collective);
+      } catch (const std::exception& error) {  // a backend may fail at launch already (a closed peer)
+        throw_collective_error(describe_bucket(next_bucket_), kLoopCollectiveHint, error);
+      }
       if (recorder_.recording()) {
         std::weak_ptr<Reducer> weak = weak_from_this();
         bucket.work->getFuture()->addCallback([weak, b = next_bucket_](c10::ivalue::Future&) {
@@ -594,15 +598,14 @@ void Reducer::wait_for_buckets() {
   for (size_t b = 0; b < buckets_.size(); ++b) wait_for_bucket(b);
 }
 
+std::string Reducer::describe_bucket(size_t b) const {
+  return "DistributedDataParallel: allreduce of gradient bucket " + std::to_string(b) + " of " +
+         std::to_string(buckets_.size());
+}
+
 void Reducer::wait_for_bucket(size_t b) {
   Bucket& bucket = buckets_[b];
-  wait_collective(
-      bucket.work,
-      [&] {
-        return "DistributedDataParallel: allreduce of gradient bucket " + std::to_string(b) + " of " +
-               std::to_string(buckets_.size());
-      },
-      kLoopCollectiveHint);
+  wait_collective(bucket.work, [&] { return describe_bucket(b); }, kLoopCollectiveHint);
   bucket.work.reset();
 }
 

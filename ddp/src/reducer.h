@@ -105,6 +105,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void finalize_pass();
   void wait_for_buckets();
   void wait_for_bucket(size_t bucket);
+  std::string describe_bucket(size_t bucket) const;  // "DistributedDataParallel: allreduce of gradient bucket b of n"
   c10::intrusive_ptr<c10d::Work> launch_usage_exchange();
   void read_usage_exchange(const c10::intrusive_ptr<c10d::Work>& work);
   void write_back_gradients();

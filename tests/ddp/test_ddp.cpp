@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include <thread>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -400,7 +402,12 @@ DDP_WORKER(dead_rank) {
   MLP local;
   ddp::DistributedDataParallel model(local);
   ddp::barrier();
-  if (ddp::get_rank() == 1) std::_Exit(0);  // dies without a word
+  if (ddp::get_rank() == 1) {
+    // Dies without a word, once rank 0 is surely past the barrier (Gloo may otherwise report the
+    // closed connection inside rank 0's barrier, before the backward this test is about).
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    std::_Exit(0);
+  }
   auto [x, y] = batch(0);
   try {
     torch::mse_loss(model.forward(x), y).backward();
