@@ -6,8 +6,9 @@
 
 start_slurm() {
   cluster=$(mktemp -d)
-  local host port
-  host=$(hostname -s)
+  # The node is "localhost" at 127.0.0.1, whatever this machine is called: a CI machine's own
+  # name need not resolve, and the ranks take their master from the job's node list.
+  local host=localhost port
   head -c 1024 /dev/urandom >"$cluster/munge.key"
   chmod 400 "$cluster/munge.key"
   munged -f -S "$cluster/munge.socket" --key-file="$cluster/munge.key" --log-file="$cluster/munged.log" \
@@ -16,7 +17,7 @@ start_slurm() {
   mkdir -p "$cluster/state" "$cluster/spool"
   cat >"$cluster/slurm.conf" <<CONF
 ClusterName=torchddp
-SlurmctldHost=$host
+SlurmctldHost=$host(127.0.0.1)
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort=$port
@@ -39,7 +40,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=none
 ReturnToService=2
-NodeName=$host CPUs=$(nproc) State=UNKNOWN
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
 PartitionName=debug Nodes=$host Default=YES MaxTime=10 State=UP OverSubscribe=FORCE
 CONF
   export SLURM_CONF=$cluster/slurm.conf
