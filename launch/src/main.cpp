@@ -27,7 +27,7 @@ void report(const ddprun::RoundResult& result) {
 int run(ddprun::Options& options) {
   auto rendezvous = ddprun::make_rendezvous(options);
   ddprun::install_signal_handlers();
-  if (options.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+  if (ddprun::sets_omp_num_threads(options)) {
     std::cerr << "ddprun: setting OMP_NUM_THREADS=1 for each rank to avoid oversubscribing the CPUs; "
                  "set it yourself to tune\n";
   }

@@ -113,7 +113,7 @@ bool parse_options(int argc, char** argv, Options& options) {
   std::string filter;
   app.add_option("--local-ranks-filter,--local_ranks_filter", filter,
                  "show only these local ranks on the console, e.g. 0 or 0,3 (all ranks still go to --log-dir)");
-  app.set_version_flag("--version", "ddprun 0.1.0");
+  app.set_version_flag("--version", "ddprun " DDPRUN_VERSION);
   // Everything from the first positional argument on is the program's command line, so
   // `ddprun --nproc-per-node 2 train --lr 0.1` works without `--`.
   app.prefix_command();
@@ -137,7 +137,7 @@ bool parse_options(int argc, char** argv, Options& options) {
     std::cout << app.help();
     return false;
   } catch (const CLI::CallForVersion&) {
-    std::cout << "ddprun 0.1.0\n";
+    std::cout << "ddprun " DDPRUN_VERSION "\n";
     return false;
   } catch (const CLI::ParseError& error) {
     throw UsageError(error.what());

@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
+#include <stdexcept>
+#include <string>
 #include <csignal>
 #include <initializer_list>
 
@@ -26,12 +29,20 @@ void on_signal(int signal) {
 
 void install_signal_handlers() {
   if (wake_pipe[0] >= 0) return;
-  if (pipe2(wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return;
+  // Without them Ctrl-C would kill ddprun and orphan its ranks: failing to install is fatal.
+  if (pipe2(wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    throw std::runtime_error(std::string("cannot create the signal wake-up pipe: ") + std::strerror(errno));
+  }
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaction(s, &action, nullptr);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) {
+    if (sigaction(s, &action, nullptr) != 0) {
+      throw std::runtime_error(std::string("cannot install the handler of signal ") + std::to_string(s) + ": " +
+                               std::strerror(errno));
+    }
+  }
   signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the launcher before it cleans up
 }
 

@@ -202,6 +202,10 @@ static void add_line_buffering(std::vector<std::string>& env) {
   }
 }
 
+bool sets_omp_num_threads(const Options& options) {
+  return options.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr;
+}
+
 std::vector<std::string> rank_environment(const Options& options, const RoundInfo& info, int local_rank, int round) {
   const std::map<std::string, std::string> ours{
       {"RANK", std::to_string(info.rank_offset + local_rank)},
@@ -220,8 +224,7 @@ std::vector<std::string> rank_environment(const Options& options, const RoundInf
     if (ours.count(entry.substr(0, entry.find('='))) == 0) env.push_back(entry);
   }
   for (const auto& [name, value] : ours) env.push_back(name + "=" + value);
-  // Several ranks each using every core oversubscribe the machine (torchrun does the same).
-  if (options.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) env.push_back("OMP_NUM_THREADS=1");
+  if (sets_omp_num_threads(options)) env.push_back("OMP_NUM_THREADS=1");
   add_line_buffering(env);
   return env;
 }

@@ -20,6 +20,11 @@ struct RoundResult {
 
 RoundResult run_round(const Options& options, const RoundInfo& info, int round, Rendezvous& rendezvous);
 
+// Whether ddprun sets OMP_NUM_THREADS=1 for the ranks: with more than one rank per node and the
+// variable unset (several ranks each using every core oversubscribe the machine; torchrun does
+// the same). The one place this is decided.
+bool sets_omp_num_threads(const Options& options);
+
 // The environment each rank starts with: ours plus torchrun's variables.
 std::vector<std::string> rank_environment(const Options& options, const RoundInfo& info, int local_rank, int round);
 

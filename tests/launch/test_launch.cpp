@@ -18,6 +18,8 @@
 
 #include <gtest/gtest.h>
 
+#include <ddp/version.h>
+
 #include "multiprocess.h"
 #include "subprocess.h"
 
@@ -558,6 +560,13 @@ TEST(Launch, HelpExitsZero) {
   auto f = launch_test::run({kDdprun, "--help"}, {}, 30s);
   EXPECT_EQ(f.exit_code, 0) << describe(f);
   EXPECT_NE(f.output.find("--nproc-per-node"), std::string::npos) << f.output;
+}
+
+// --version is the project's version (one place: project(VERSION) in the top CMakeLists.txt).
+TEST(Launch, VersionIsTheLibrarysVersion) {
+  auto f = launch_test::run({kDdprun, "--version"}, {}, 30s);
+  EXPECT_EQ(f.exit_code, 0) << describe(f);
+  EXPECT_EQ(f.output, std::string("ddprun ") + TORCHDDP_VERSION + "\n");
 }
 
 // --- restarts with a program that resumes from its checkpoints -----------------------------------
