@@ -98,6 +98,7 @@ Options parse(int argc, char** argv) {
   }
   std::string model;
   int batch = 0, width = 0, layers = 0;
+  bool out_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     auto value = [&]() -> std::string {
@@ -130,7 +131,10 @@ Options parse(int argc, char** argv) {
     else if (arg == "--mlp-width") width = std::stoi(value());
     else if (arg == "--mlp-layers") layers = std::stoi(value());
     else if (arg == "--timeout") o.timeout_s = std::stoi(value());
-    else if (arg == "--out") o.out = value();
+    else if (arg == "--out") {
+      o.out = value();
+      out_given = true;
+    }
     else if (arg == "--help" || arg == "-h") { usage(); std::exit(0); }
     else throw std::invalid_argument("unknown argument " + arg + " (see --help)");
   }
@@ -140,6 +144,9 @@ Options parse(int argc, char** argv) {
     if (width > 0) config.mlp_width = width;
     if (layers > 0) config.mlp_layers = layers;
   }
+  // Without --out, the files go beside the executable (in the build tree), not into whatever
+  // folder it was started from (often the source tree).
+  if (!out_given) o.out = (fs::read_symlink("/proc/self/exe").parent_path() / o.out).string();
   return o;
 }
 
