@@ -40,6 +40,11 @@ std::string find_program(const std::string& name);
 // Our own environment as "NAME=value" entries.
 std::vector<std::string> current_environment();
 
+// A listening TCP socket on every address of this host at `port`: dual-stack IPv6 first (IPv4
+// and IPv6 peers both reach it), plain IPv4 where IPv6 is off; SO_REUSEADDR as c10d's TCPStore
+// server sets it. Returns -1 with errno set when neither works. The one bind for the launcher's
+// store and for port_is_free.
+int listen_any(int port, int backlog);
 // True when a TCP port can be listened on by this host right now.
 bool port_is_free(int port);
 // A port that was free a moment ago (the kernel's pick).

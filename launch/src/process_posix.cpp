@@ -161,33 +161,45 @@ bool reap_if_exited(Child& child) {
   return true;
 }
 
-bool port_is_free(int port) {
-  // Same socket options as c10d's TCPStore server, so a port in TIME_WAIT counts as free.
-  int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  bool v6 = fd >= 0;
-  if (!v6) fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  int result;
-  if (v6) {
-    int zero = 0;
-    setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-    sockaddr_in6 address{};
-    address.sin6_family = AF_INET6;
-    address.sin6_addr = in6addr_any;
-    address.sin6_port = htons(static_cast<uint16_t>(port));
-    result = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  } else {
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_ANY);
-    address.sin_port = htons(static_cast<uint16_t>(port));
-    result = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+int listen_any(int port, int backlog) {
+  int error = EAFNOSUPPORT;
+  for (int family : {AF_INET6, AF_INET}) {
+    const int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      error = errno;
+      continue;
+    }
+    int one = 1, zero = 0;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    int bound;
+    if (family == AF_INET6) {
+      setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+      sockaddr_in6 address{};
+      address.sin6_family = AF_INET6;
+      address.sin6_addr = in6addr_any;
+      address.sin6_port = htons(static_cast<uint16_t>(port));
+      bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+    } else {
+      sockaddr_in address{};
+      address.sin_family = AF_INET;
+      address.sin_addr.s_addr = htonl(INADDR_ANY);
+      address.sin_port = htons(static_cast<uint16_t>(port));
+      bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
+    }
+    if (bound == 0 && listen(fd, backlog) == 0) return fd;
+    error = errno;
+    close(fd);
+    if (error == EADDRINUSE) break;  // taken: IPv4 alone would be taken too
   }
-  if (result == 0) result = listen(fd, 1);
+  errno = error;
+  return -1;
+}
+
+bool port_is_free(int port) {
+  const int fd = listen_any(port, 1);
+  if (fd < 0) return false;
   close(fd);
-  return result == 0;
+  return true;
 }
 
 int pick_free_port() {

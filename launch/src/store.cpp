@@ -14,6 +14,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "process.h"
+
 namespace ddprun {
 namespace {
 
@@ -29,33 +31,9 @@ void write_all(int fd, const std::string& data) {
 }
 
 int listen_on(int port) {
-  // Dual-stack first, so IPv4 and IPv6 peers both reach it; plain IPv4 where IPv6 is off.
-  for (int family : {AF_INET6, AF_INET}) {
-    const int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) continue;
-    int one = 1, zero = 0;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    int bound;
-    if (family == AF_INET6) {
-      setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-      sockaddr_in6 address{};
-      address.sin6_family = AF_INET6;
-      address.sin6_addr = in6addr_any;
-      address.sin6_port = htons(static_cast<uint16_t>(port));
-      bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-    } else {
-      sockaddr_in address{};
-      address.sin_family = AF_INET;
-      address.sin_addr.s_addr = htonl(INADDR_ANY);
-      address.sin_port = htons(static_cast<uint16_t>(port));
-      bound = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
-    }
-    if (bound == 0 && listen(fd, 64) == 0) return fd;
-    const int error = errno;
-    close(fd);
-    if (error == EADDRINUSE) break;
-  }
-  throw std::runtime_error("cannot listen on port " + std::to_string(port) + ": " + strerror(errno));
+  const int fd = listen_any(port, 64);
+  if (fd < 0) throw std::runtime_error("cannot listen on port " + std::to_string(port) + ": " + strerror(errno));
+  return fd;
 }
 
 }  // namespace
