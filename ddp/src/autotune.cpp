@@ -41,4 +41,27 @@ void BucketAutotuner::choose(const std::vector<int64_t>& agreed_times) {
   phase_ = Phase::kDone;
 }
 
+std::vector<int64_t> distinct_layout_caps(const std::vector<BucketParam>& params, const std::vector<size_t>& order,
+                                          int64_t first_bucket_bytes) {
+  std::vector<int64_t> caps;
+  std::vector<std::vector<std::vector<size_t>>> layouts;
+  for (double mb : kAutotuneCandidatesMb) {
+    const auto cap = static_cast<int64_t>(mb * 1024 * 1024);
+    auto layout = assign_buckets(params, order, first_bucket_bytes, cap);
+    if (std::find(layouts.begin(), layouts.end(), layout) != layouts.end()) continue;
+    layouts.push_back(std::move(layout));
+    caps.push_back(cap);
+  }
+  return caps;
+}
+
+std::string describe_choice(const BucketAutotuner& tuner) {
+  std::string tried;
+  for (size_t c = 0; c < tuner.candidates().size(); ++c) {
+    tried += (c ? ", " : "") + std::to_string(tuner.candidates()[c] >> 20) + " MiB: " +
+             std::to_string(tuner.agreed_times()[c] / 1000) + " us";
+  }
+  return "bucket_cap_mb_auto chose " + std::to_string(tuner.chosen_cap() >> 20) + " MiB (" + tried + ")";
+}
+
 }  // namespace ddp::detail

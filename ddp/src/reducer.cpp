@@ -100,11 +100,7 @@ Reducer::~Reducer() {
 // ---------------------------------------------------------------------------------------------
 
 void Reducer::build_buckets(const std::vector<size_t>& order) {
-  std::vector<BucketParam> sizes;
-  for (const auto& param : params_) {
-    sizes.push_back({param.device(), param.scalar_type(), static_cast<int64_t>(param.numel() * param.element_size())});
-  }
-  const auto layout = assign_buckets(sizes, order, options_.first_bucket_bytes, options_.bucket_bytes);
+  const auto layout = assign_buckets(bucket_params(), order, options_.first_bucket_bytes, options_.bucket_bytes);
 
   at::NoGradGuard no_grad;
   // Free the old buckets before allocating the new ones, so a rebuild never holds two sets (a
@@ -272,57 +268,44 @@ void Reducer::prepare_for_forward() {
 // autotuner's schedule per iteration.
 void Reducer::autotune_step() {
   if (!autotuner_) {
-    // Only caps that give a different layout of the buckets are worth a try.
-    std::vector<BucketParam> sizes;
-    for (const auto& param : params_) {
-      sizes.push_back({param.device(), param.scalar_type(), static_cast<int64_t>(param.numel() * param.element_size())});
-    }
-    std::vector<int64_t> caps;
-    std::vector<std::vector<std::vector<size_t>>> layouts;
-    for (double mb : kAutotuneCandidatesMb) {
-      const auto cap = static_cast<int64_t>(mb * 1024 * 1024);
-      auto layout = assign_buckets(sizes, bucket_order_, options_.first_bucket_bytes, cap);
-      if (std::find(layouts.begin(), layouts.end(), layout) != layouts.end()) continue;
-      layouts.push_back(std::move(layout));
-      caps.push_back(cap);
-    }
-    autotuner_ = std::make_unique<BucketAutotuner>(std::move(caps));
+    autotuner_ = std::make_unique<BucketAutotuner>(
+        distinct_layout_caps(bucket_params(), bucket_order_, options_.first_bucket_bytes));
   }
   if (autotuner_->done()) return;
   switch (autotuner_->at_iteration_start(now_ns())) {
     case BucketAutotuner::Action::kKeep:
       return;
-    case BucketAutotuner::Action::kSwitch:
+    case BucketAutotuner::Action::kSwitch:  // the next candidate, from this iteration on
       options_.bucket_bytes = autotuner_->next_cap();
       build_buckets(bucket_order_);
       return;
     case BucketAutotuner::Action::kAgree: {
       // The slowest rank's time of each candidate decides, the same on every rank.
-      const std::vector<int64_t> mine = autotuner_->median_times();
-      at::Tensor times = at::tensor(mine, at::kLong).to(collective_device(group_));
+      at::Tensor times = at::tensor(autotuner_->median_times(), at::kLong).to(collective_device(group_));
       check_collective(static_cast<int>(CollectiveOp::kAllReduce), -1, times);
       std::vector<at::Tensor> tensors{times};
       c10d::AllreduceOptions max;
       max.reduceOp = c10d::ReduceOp::MAX;
-      wait_collective(group_->allreduce(tensors, max), "DistributedDataParallel: bucket_cap_mb_auto's agreement on "
-                                                      "the step times",
-                      kLoopCollectiveHint);
+      wait_collective(group_->allreduce(tensors, max),
+                      "DistributedDataParallel: bucket_cap_mb_auto's agreement on the step times", kLoopCollectiveHint);
       times = times.cpu();
       autotuner_->choose(std::vector<int64_t>(times.data_ptr<int64_t>(), times.data_ptr<int64_t>() + times.numel()));
       options_.bucket_bytes = autotuner_->chosen_cap();
       build_buckets(bucket_order_);
       verify_buckets_match_across_ranks();
-      if (group_->getRank() == 0) {
-        std::string tried;
-        for (size_t c = 0; c < autotuner_->candidates().size(); ++c) {
-          tried += (c ? ", " : "") + std::to_string(autotuner_->candidates()[c] >> 20) + " MiB: " +
-                   std::to_string(autotuner_->agreed_times()[c] / 1000) + " us";
-        }
-        info_log("bucket_cap_mb_auto chose " + std::to_string(options_.bucket_bytes >> 20) + " MiB (" + tried + ")");
-      }
+      if (group_->getRank() == 0) info_log(describe_choice(*autotuner_));
       return;
     }
   }
+}
+
+// What bucket assignment needs of each parameter.
+std::vector<BucketParam> Reducer::bucket_params() const {
+  std::vector<BucketParam> sizes;
+  for (const auto& param : params_) {
+    sizes.push_back({param.device(), param.scalar_type(), static_cast<int64_t>(param.numel() * param.element_size())});
+  }
+  return sizes;
 }
 
 bool Reducer::wants_outputs() const {

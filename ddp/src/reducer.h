@@ -115,6 +115,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<GradBucket> hook_buckets() const;
   void rebuild_buckets_in_observed_order();
   void autotune_step();
+  std::vector<BucketParam> bucket_params() const;
   void verify_buckets_match_across_ranks() const;
   // TORCH_DISTRIBUTED_DEBUG=DETAIL: every rank checks that all run this collective (desync.h).
   void check_collective(int op, int64_t index, const at::Tensor& tensor, int64_t root = -1) const;
