@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -47,6 +48,9 @@ int count_gpus() {
 
 namespace {
 
+constexpr int kMaxRanksPerNode = 1024;
+constexpr double kMaxSeconds = 86400;
+
 int parse_nproc(const std::string& text) {
   if (text == "cpu") return count_cpus();
   if (text == "gpu") {
@@ -61,6 +65,10 @@ int parse_nproc(const std::string& text) {
     const int value = std::stoi(text, &used);
     if (used == text.size()) {
       if (value < 1) throw UsageError("--nproc-per-node must be at least 1 (got " + text + ")");
+      if (value > kMaxRanksPerNode) {
+        throw UsageError("--nproc-per-node " + text + " is more than " + std::to_string(kMaxRanksPerNode) +
+                         " ranks on one node (each is a process with its own pipes): use more nodes");
+      }
       return value;
     }
   } catch (const std::logic_error&) {
@@ -166,9 +174,18 @@ bool parse_options(int argc, char** argv, Options& options) {
     throw UsageError("--standalone is for a single node, but --nnodes is " + std::to_string(options.nnodes));
   }
   if (options.max_restarts < 0) throw UsageError("--max-restarts must be >= 0");
-  if (options.monitor_interval_s <= 0) throw UsageError("--monitor-interval must be > 0");
-  if (options.rdzv_timeout_s <= 0) throw UsageError("--timeout must be > 0");
-  if (options.grace_period_s < 0) throw UsageError("--grace-period must be >= 0");
+  // Durations in seconds: finite and within a day (nan, inf or 1e308 would act as 0 or overflow).
+  auto check_seconds = [](const char* name, double value, bool zero_ok) {
+    if (!std::isfinite(value) || value < 0 || (!zero_ok && value == 0) || value > kMaxSeconds) {
+      std::ostringstream text;
+      text << name << " " << value << " is not a duration in seconds: use a number " << (zero_ok ? ">= 0" : "> 0")
+           << " and at most " << kMaxSeconds << " (a day)";
+      throw UsageError(text.str());
+    }
+  };
+  check_seconds("--monitor-interval", options.monitor_interval_s, false);
+  check_seconds("--timeout", options.rdzv_timeout_s, false);
+  check_seconds("--grace-period", options.grace_period_s, true);
   if (!filter.empty()) {
     std::stringstream items(filter);
     for (std::string item; std::getline(items, item, ',');) {

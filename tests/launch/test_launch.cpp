@@ -495,6 +495,18 @@ TEST(LaunchBadInput, LocalRanksFilterOutOfRange) {
                      "--local-ranks-filter: '2' is not a local rank (valid: 0..1, comma-separated)");
 }
 
+// Durations that are not finite, or absurd, and a rank count that would exhaust the file table.
+TEST(LaunchBadInput, DurationsMustBeFiniteAndSane) {
+  expect_usage_error(ddprun({"--grace-period", "inf"}, {"hang"}),
+                     "--grace-period inf is not a duration in seconds: use a number >= 0 and at most 86400");
+  expect_usage_error(ddprun({"--grace-period", "1e308"}, {"hang"}), "--grace-period 1e+308 is not a duration");
+  expect_usage_error(ddprun({"--grace-period", "nan"}, {"hang"}), "--grace-period nan is not a duration");
+  expect_usage_error(ddprun({"--timeout", "nan"}, {"hang"}), "--timeout nan is not a duration in seconds: use a number > 0");
+  expect_usage_error(ddprun({"--monitor-interval", "inf"}, {"hang"}), "--monitor-interval inf is not a duration");
+  expect_usage_error(ddprun({"--nproc-per-node", "100000"}, {"hang"}),
+                     "--nproc-per-node 100000 is more than 1024 ranks on one node");
+}
+
 TEST(LaunchBadInput, NotANumber) {
   expect_usage_error(ddprun({"--nproc-per-node", "four"}, {"hang"}),
                      "--nproc-per-node must be a number, 'cpu' or 'gpu' (got 'four')");
