@@ -20,7 +20,7 @@ struct ToyModelImpl : torch::nn::Module {
 };
 TORCH_MODULE(ToyModel);
 
-int main() {
+int run() {
   auto pg = ddp::init_process_group(ddp::InitOptions{"gloo", "env://"});
   const int rank = ddp::get_rank();
   std::cout << "Running basic DDP example on rank " << rank << " of " << ddp::get_world_size() << "." << std::endl;
@@ -52,4 +52,15 @@ int main() {
   if (rank == 0) std::cout << "replicas identical after 5 steps (weight checksum " << checksum.item<float>() << ")" << std::endl;
   ddp::destroy_process_group();
   return 0;
+}
+
+// An error (a peer that died, a bad checkpoint path) ends the program with its message and exit
+// code 1, not an abort.
+int main() {
+  try {
+    return run();
+  } catch (const std::exception& error) {
+    std::cerr << "basic_ddp: error: " << error.what() << std::endl;
+    return 1;
+  }
 }

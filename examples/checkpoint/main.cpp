@@ -24,7 +24,7 @@ struct ToyModelImpl : torch::nn::Module {
 };
 TORCH_MODULE(ToyModel);
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   auto pg = ddp::init_process_group(ddp::InitOptions{"gloo", "env://"});
   const int rank = ddp::get_rank();
   const std::string path =
@@ -71,4 +71,15 @@ int main(int argc, char** argv) {
   }
   ddp::destroy_process_group();
   return 0;
+}
+
+// An error (a peer that died, a bad checkpoint path) ends the program with its message and exit
+// code 1, not an abort.
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& error) {
+    std::cerr << "checkpoint_ddp: error: " << error.what() << std::endl;
+    return 1;
+  }
 }

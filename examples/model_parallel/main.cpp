@@ -47,7 +47,7 @@ std::pair<torch::Device, torch::Device> pick_devices(int local_rank, std::string
   return {torch::Device(torch::kCPU), torch::Device(torch::kCPU)};
 }
 
-int main() {
+int run() {
   auto pg = ddp::init_process_group(ddp::InitOptions{"gloo", "env://"});
   const int rank = ddp::get_rank();
   std::string why;
@@ -91,4 +91,15 @@ int main() {
   }
   ddp::destroy_process_group();
   return 0;
+}
+
+// An error (a peer that died, a bad checkpoint path) ends the program with its message and exit
+// code 1, not an abort.
+int main() {
+  try {
+    return run();
+  } catch (const std::exception& error) {
+    std::cerr << "model_parallel_ddp: error: " << error.what() << std::endl;
+    return 1;
+  }
 }
