@@ -185,7 +185,7 @@ void Reducer::register_comm_hook(CommHook hook) {
   if (check_collectives_) {
     // On the hook thread, right before the hook issues the bucket's collectives.
     hook_runner_->set_before_each([this](size_t b) {
-      check_collective(static_cast<int>(CollectiveOp::kBucketReduction), static_cast<int64_t>(b), buckets_[b].flat);
+      check_collective(CollectiveOp::kBucketReduction, static_cast<int64_t>(b), buckets_[b].flat);
     });
   }
 }
@@ -206,7 +206,7 @@ void Reducer::reallocate_buckets() {
 void Reducer::rebuild_buckets_in_observed_order() {
   std::vector<int64_t> local(ready_order_.begin(), ready_order_.end());
   at::Tensor order = at::tensor(local, at::kLong).to(collective_device(group_));
-  check_collective(static_cast<int>(CollectiveOp::kBucketOrder), -1, order, 0);
+  check_collective(CollectiveOp::kBucketOrder, -1, order, 0);
   std::vector<at::Tensor> tensors{order};
   wait_collective(group_->broadcast(tensors), "DistributedDataParallel: broadcast of rank 0's gradient order "
                                               "(the one bucket rebuild)",
@@ -227,10 +227,10 @@ void Reducer::verify_buckets_match_across_ranks() const {
   verify_same_buckets(layout, group_);
 }
 
-void Reducer::check_collective(int op, int64_t index, const at::Tensor& tensor, int64_t root) const {
+void Reducer::check_collective(CollectiveOp op, int64_t index, const at::Tensor& tensor, int64_t root) const {
   if (!check_collectives_) return;
   verify_same_collective(group_,
-                         {static_cast<CollectiveOp>(op), index, tensor.scalar_type(), tensor.numel(), root,
+                         {op, index, tensor.scalar_type(), tensor.numel(), root,
                           iterations_reduced_},
                          "DistributedDataParallel (TORCH_DISTRIBUTED_DEBUG=DETAIL)");
 }
@@ -282,7 +282,7 @@ void Reducer::autotune_step() {
     case BucketAutotuner::Action::kAgree: {
       // The slowest rank's time of each candidate decides, the same on every rank.
       at::Tensor times = at::tensor(autotuner_->median_times(), at::kLong).to(collective_device(group_));
-      check_collective(static_cast<int>(CollectiveOp::kAllReduce), -1, times);
+      check_collective(CollectiveOp::kAllReduce, -1, times);
       std::vector<at::Tensor> tensors{times};
       c10d::AllreduceOptions max;
       max.reduceOp = c10d::ReduceOp::MAX;
@@ -462,7 +462,7 @@ void Reducer::launch_ready_buckets() {
     if (hook_runner_) {
       hook_runner_->submit(next_bucket_);  // checked on the hook thread under DETAIL
     } else {
-      check_collective(static_cast<int>(CollectiveOp::kBucketReduction), static_cast<int64_t>(next_bucket_), bucket.flat);
+      check_collective(CollectiveOp::kBucketReduction, static_cast<int64_t>(next_bucket_), bucket.flat);
       c10::OptionalDeviceGuard guard(bucket.flat.device());
       try {
         bucket.work = group_->allreduce(bucket.collective);
@@ -539,7 +539,7 @@ void Reducer::finalize_pass() {
 // Every rank's "I produced a gradient for it" flags, reduced with MAX: a parameter stays without a
 // gradient only when no rank used it.
 c10::intrusive_ptr<c10d::Work> Reducer::launch_usage_exchange() {
-  check_collective(static_cast<int>(CollectiveOp::kUsageExchange), -1, used_device_);
+  check_collective(CollectiveOp::kUsageExchange, -1, used_device_);
   if (!used_device_.is_same(used_host_)) used_device_.copy_(used_host_);
   std::vector<at::Tensor> usage{used_device_};
   c10d::AllreduceOptions max;

@@ -24,6 +24,7 @@
 #include "ddp/comm_hooks.h"
 #include "ddp/process_group.h"
 #include "autotune.h"
+#include "desync.h"
 #include "hook_runner.h"
 #include "iteration_recorder.h"
 
@@ -118,7 +119,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<BucketParam> bucket_params() const;
   void verify_buckets_match_across_ranks() const;
   // TORCH_DISTRIBUTED_DEBUG=DETAIL: every rank checks that all run this collective (desync.h).
-  void check_collective(int op, int64_t index, const at::Tensor& tensor, int64_t root = -1) const;
+  void check_collective(CollectiveOp op, int64_t index, const at::Tensor& tensor, int64_t root = -1) const;
   std::vector<size_t> find_unused(const std::vector<at::Tensor>& outputs) const;
   void discard_iteration();
 
