@@ -72,6 +72,27 @@ DDP_WORKER(autotune) {
   auto all = ddp::all_gather(torch::tensor({data.bucket_cap_bytes}));
   require(torch::equal(all[0], all[1]), "the ranks chose different caps");
 }
+// A hook keeping state per bucket cannot follow buckets that change: refused, saying what to do.
+struct Counter : ddp::Stateful {
+  ddp::TensorDict state_dict() const override { return {}; }
+  void load_state_dict(const ddp::TensorDict&) override {}
+};
+DDP_WORKER(autotune_stateful_hook) {
+  worker_init();
+  MLP net;
+  ddp::DistributedDataParallel model(net, ddp::DDPOptions().bucket_cap_mb_auto(true));
+  try {
+    model.register_comm_hook(ddp::CommHook(ddp::hooks::allreduce(), "counting", std::make_shared<Counter>()));
+  } catch (const std::exception& error) {
+    const std::string message = error.what();
+    require(message.find("'counting' keeps state per bucket") != std::string::npos, message);
+    require(message.find("use a fixed bucket_cap_mb with it") != std::string::npos, message);
+    return;
+  }
+  fail("a stateful hook was accepted with bucket_cap_mb_auto");
+}
+TEST(Autotune, StatefulHookIsRefused) { EXPECT_WORKERS_OK(run_workers("autotune_stateful_hook", 1)); }
+
 TEST(Autotune, EveryRankPicksTheFastestCapAndGradientsStayRight) {
   RunOptions options;
   options.timeout = std::chrono::seconds(180);

@@ -185,6 +185,45 @@ TEST(Join, ModelWithBuffersFinishesWithTheSameStateEverywhere) {
   EXPECT_WORKERS_OK(run_workers("join_buffers", 3, options));
 }
 
+// Misuse that needs no second rank: each message says what was wrong and what to do.
+TEST(Join, MisuseIsNamed) {
+  try {
+    ddp::Join join(std::vector<std::reference_wrapper<ddp::Joinable>>{});
+    ADD_FAILURE() << "a Join without joinables was accepted";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("give it at least one joinable"), std::string::npos) << error.what();
+  }
+  ddp::JoinableAllReduce running(torch::zeros({2}, torch::kDouble));
+  try {
+    running.all_reduce(torch::zeros({3}, torch::kDouble));
+    ADD_FAILURE() << "a tensor of another shape was accepted";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("got [3] Double, but it was made for [2] Double"), std::string::npos)
+        << error.what();
+  }
+}
+
+// Ranks whose buckets differ (here: different bucket_cap_mb) are an error on every rank listing
+// each rank's buckets, at construction, instead of reductions pairing mismatched data.
+DDP_WORKER(different_buckets) {
+  worker_init(std::chrono::seconds(30));
+  const int rank = ddp::get_rank();
+  MLP net;
+  try {
+    ddp::DistributedDataParallel model(
+        net, ddp::DDPOptions().first_bucket_cap_mb(0).bucket_cap_mb(rank == 0 ? 25 : 0));
+  } catch (const ddp::CollectiveError& error) {
+    const std::string message = error.what();
+    require(message.find("the ranks built different gradient buckets") != std::string::npos, message);
+    require(message.find("do all ranks pass the same DDPOptions, e.g. bucket_cap_mb?") != std::string::npos, message);
+    require(message.find("rank 0: 2 bucket(s)") != std::string::npos, message);  // first: the last bias alone
+    require(message.find("rank 1: 6 bucket(s)") != std::string::npos, message);  // one per parameter
+    return;
+  }
+  fail("rank " + std::to_string(rank) + " built its model although the ranks' buckets differ");
+}
+TEST(Desync, DifferentBucketsAreNamedAtConstruction) { EXPECT_WORKERS_OK(run_workers("different_buckets", 2)); }
+
 // Without Join, uneven inputs keep their clear error at the timeout: the rank with a batch left
 // fails in its gradient allreduce, and the message points at Join.
 DDP_WORKER(uneven_without_join) {
