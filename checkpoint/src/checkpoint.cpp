@@ -63,32 +63,78 @@ RngState own_rng_state() {
   return state;
 }
 
-// Collective. Returns every rank's states on rank 0 (index = rank), nothing elsewhere.
-std::vector<RngState> gather_rng_states(const ProcessGroupPtr& group) {
-  RngState own = own_rng_state();
+// Collective. Every rank gives the same number of byte blobs (uint8, 1-D, any lengths); rank 0
+// gets every rank's (index = rank), the others nothing.
+std::vector<std::vector<at::Tensor>> gather_blobs(const std::vector<at::Tensor>& own, const ProcessGroupPtr& group) {
   if (!group) return {own};
   const at::Device device = collective_device(group);
-  const int64_t cuda_size = own.cuda.defined() ? own.cuda.numel() : 0;
-  // all_gather needs equal shapes: share the sizes, then pad every blob to the largest.
-  auto sizes = all_gather(torch::tensor({own.cpu.numel(), cuda_size}, at::kLong).to(device), group);
+  // all_gather needs equal shapes: share the lengths, then pad every rank's concatenation to the longest.
+  std::vector<int64_t> own_sizes;
+  for (const auto& part : own) own_sizes.push_back(part.numel());
+  auto sizes = all_gather(torch::tensor(own_sizes, at::kLong).to(device), group);
   int64_t longest = 0;
   for (const auto& size : sizes) longest = std::max(longest, size.sum().item<int64_t>());
   at::Tensor blob = torch::zeros({longest}, at::kByte);
-  blob.narrow(0, 0, own.cpu.numel()).copy_(own.cpu);
-  if (cuda_size > 0) blob.narrow(0, own.cpu.numel(), cuda_size).copy_(own.cuda);
+  int64_t offset = 0;
+  for (const auto& part : own) {
+    blob.narrow(0, offset, part.numel()).copy_(part);
+    offset += part.numel();
+  }
   auto blobs = all_gather(blob.to(device), group);
   if (group->getRank() != 0) return {};
-  std::vector<RngState> states;
+  std::vector<std::vector<at::Tensor>> gathered;
   for (size_t rank = 0; rank < blobs.size(); ++rank) {
-    const at::Tensor rank_sizes = sizes[rank].cpu();
-    const int64_t cpu_size = rank_sizes[0].item<int64_t>(), rank_cuda_size = rank_sizes[1].item<int64_t>();
-    const at::Tensor rank_blob = blobs[rank].cpu();
-    RngState state;
-    state.cpu = rank_blob.narrow(0, 0, cpu_size).clone();
-    if (rank_cuda_size > 0) state.cuda = rank_blob.narrow(0, cpu_size, rank_cuda_size).clone();
-    states.push_back(state);
+    const at::Tensor rank_sizes = sizes[rank].cpu(), rank_blob = blobs[rank].cpu();
+    std::vector<at::Tensor> parts;
+    offset = 0;
+    for (int64_t i = 0; i < rank_sizes.numel(); ++i) {
+      const int64_t size = rank_sizes[i].item<int64_t>();
+      parts.push_back(rank_blob.narrow(0, offset, size).clone());
+      offset += size;
+    }
+    gathered.push_back(std::move(parts));
+  }
+  return gathered;
+}
+
+// Collective. Returns every rank's states on rank 0 (index = rank), nothing elsewhere.
+std::vector<RngState> gather_rng_states(const ProcessGroupPtr& group) {
+  const RngState own = own_rng_state();
+  std::vector<RngState> states;
+  for (auto& parts : gather_blobs({own.cpu, own.cuda.defined() ? own.cuda : torch::empty({0}, at::kByte)}, group)) {
+    states.push_back({parts[0], parts[1].numel() > 0 ? parts[1] : at::Tensor()});
   }
   return states;
+}
+
+// --- Stateful objects (a GradScaler, a comm hook's state): each rank's snapshot, pickled --------------
+at::Tensor pickled(const TensorDict& state) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& [key, tensor] : state) dict.insert(key, tensor.detach().cpu().contiguous());
+  std::vector<char> bytes = torch::pickle_save(c10::IValue(dict));
+  return torch::from_blob(bytes.data(), {static_cast<int64_t>(bytes.size())}, at::kByte).clone();
+}
+
+TensorDict unpickled(const at::Tensor& bytes) {
+  const at::Tensor contiguous = bytes.contiguous();
+  std::vector<char> data(static_cast<const char*>(contiguous.data_ptr()),
+                         static_cast<const char*>(contiguous.data_ptr()) + contiguous.numel());
+  TensorDict state;
+  for (const auto& item : torch::pickle_load(data).toGenericDict()) {
+    state[item.key().toStringRef()] = item.value().toTensor();
+  }
+  return state;
+}
+
+// Collective. Rank 0 gets [rank][state] pickled snapshots, in the order of `states`.
+std::vector<std::vector<at::Tensor>> gather_states(const std::vector<std::pair<std::string, const Stateful*>>& states,
+                                                   const ProcessGroupPtr& group) {
+  std::vector<at::Tensor> own;
+  for (const auto& [name, state] : states) {
+    if (state == nullptr) throw std::invalid_argument("save_checkpoint: the state named \"" + name + "\" is null");
+    own.push_back(pickled(state->state_dict()));
+  }
+  return gather_blobs(own, group);
 }
 
 void restore_rng_state(const at::Tensor& cpu_state, const at::Tensor& cuda_state) {
@@ -116,8 +162,14 @@ std::string optimizer_device(const torch::optim::Optimizer& optimizer) {
   return "cpu";
 }
 
+std::string state_key(size_t index, size_t rank) {
+  return "state_" + std::to_string(index) + "_" + std::to_string(rank);
+}
+
 std::string training_record(const TrainingState& state, int64_t world_size,
-                            const torch::optim::Optimizer* optimizer, const std::vector<RngState>& rng) {
+                            const torch::optim::Optimizer* optimizer, const std::vector<RngState>& rng,
+                            const std::vector<std::string>& state_names,
+                            const std::vector<std::vector<at::Tensor>>& states) {
   torch::serialize::OutputArchive archive;
   archive.write("format_version", c10::IValue(kFormatVersion));
   archive.write("epoch", c10::IValue(state.epoch));
@@ -136,6 +188,14 @@ std::string training_record(const TrainingState& state, int64_t world_size,
     archive.write("rng_cuda_" + std::to_string(rank),
                   rng[rank].cuda.defined() ? rng[rank].cuda : torch::empty({0}, at::kByte), /*is_buffer=*/true);
   }
+  // Names are listed, records are numbered: archive keys may not hold the dots a name may have.
+  archive.write("state_names", c10::IValue(c10::List<std::string>(state_names)));
+  archive.write("state_ranks", c10::IValue(static_cast<int64_t>(states.size())));
+  for (size_t rank = 0; rank < states.size(); ++rank) {
+    for (size_t i = 0; i < states[rank].size(); ++i) {
+      archive.write(state_key(i, rank), states[rank][i], /*is_buffer=*/true);
+    }
+  }
   return bytes_of(archive);
 }
 
@@ -153,9 +213,11 @@ std::string read_string(torch::serialize::InputArchive& archive, const std::stri
 
 void write_checkpoint_file(const std::string& path, const torch::nn::Module& module,
                            const torch::optim::Optimizer* optimizer, const TrainingState& state,
-                           int64_t world_size, const std::vector<RngState>& rng) {
+                           int64_t world_size, const std::vector<RngState>& rng,
+                           const std::vector<std::string>& state_names,
+                           const std::vector<std::vector<at::Tensor>>& states) {
   std::vector<std::pair<std::string, std::string>> records = {
-      {kTrainingRecord, training_record(state, world_size, optimizer, rng)}};
+      {kTrainingRecord, training_record(state, world_size, optimizer, rng, state_names, states)}};
   if (optimizer != nullptr) {
     torch::serialize::OutputArchive archive;
     optimizer->save(archive);
@@ -206,11 +268,15 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module,
   const int64_t world_size = group ? group->getSize() : 1;
   // Every rank takes part: each has its own RNG stream.
   const std::vector<RngState> rng = options.save_rng_ ? gather_rng_states(group) : std::vector<RngState>();
+  std::vector<std::string> state_names;
+  for (const auto& entry : options.states_) state_names.push_back(entry.first);
+  const auto states = options.states_.empty() ? std::vector<std::vector<at::Tensor>>()
+                                              : gather_states(options.states_, group);
 
   std::string failure;
   if (rank == 0) {
     try {
-      write_checkpoint_file(path, module, optimizer, state, world_size, rng);
+      write_checkpoint_file(path, module, optimizer, state, world_size, rng, state_names, states);
       if (options.keep_last_ > 0) keep_newest(path, options.prefix_, options.keep_last_);
     } catch (const std::exception& error) {
       failure = error.what();
@@ -241,7 +307,9 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module
   TrainingState state;
   torch::serialize::InputArchive archive;
   std::string saved_optimizer, saved_optimizer_device;
-  int64_t rng_ranks = 0;
+  int64_t rng_ranks = 0, state_ranks = 0;
+  std::vector<std::string> state_names;
+  c10::IValue names_value;
   try {
     archive.load_from(record->data(), record->size(), at::Device(at::kCPU));
     const int64_t version = read_int(archive, "format_version");
@@ -262,6 +330,11 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module
     saved_optimizer = read_string(archive, "optimizer_type");
     saved_optimizer_device = read_string(archive, "optimizer_device");
     rng_ranks = read_int(archive, "rng_ranks");
+    // Checkpoints written before states existed have neither key.
+    if (archive.try_read("state_names", names_value)) {
+      for (const auto& name : names_value.toListRef()) state_names.push_back(name.toStringRef());
+      state_ranks = read_int(archive, "state_ranks");
+    }
   } catch (const std::exception& error) {
     throw CheckpointError("cannot read the training state in " + path + ": " + error.what());
   }
@@ -286,9 +359,30 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module
     }
   }
 
+  const ProcessGroupPtr group = resolve_group(options.group_);
+  const int rank = group ? group->getRank() : 0;
+  for (const auto& entry : options.states_) {
+    const auto found = std::find(state_names.begin(), state_names.end(), entry.name);
+    if (found == state_names.end()) {
+      if (!entry.required) continue;
+      std::string saved;
+      for (const auto& name : state_names) saved += (saved.empty() ? "" : ", ") + name;
+      throw CheckpointError("checkpoint " + path + " holds no state named \"" + entry.name + "\" (it holds: " +
+                            (saved.empty() ? "none" : saved) + "); save it with CheckpointOptions().state(\"" +
+                            entry.name + "\", ...)");
+    }
+    // A rank the saving world did not have takes rank 0's snapshot.
+    const size_t from_rank = rank < state_ranks ? rank : 0;
+    at::Tensor bytes;
+    try {
+      archive.read(state_key(found - state_names.begin(), from_rank), bytes, /*is_buffer=*/true);
+      entry.state->load_state_dict(unpickled(bytes));
+    } catch (const std::exception& error) {
+      throw CheckpointError("cannot restore the state \"" + entry.name + "\" from " + path + ": " + error.what());
+    }
+  }
+
   if (options.restore_rng_) {
-    const ProcessGroupPtr group = resolve_group(options.group_);
-    const int rank = group ? group->getRank() : 0;
     if (rank < rng_ranks) {
       at::Tensor cpu_state, cuda_state;
       archive.read("rng_cpu_" + std::to_string(rank), cpu_state, /*is_buffer=*/true);

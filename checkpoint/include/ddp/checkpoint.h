@@ -19,6 +19,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -27,6 +28,7 @@
 #include <ddp/map_location.h>
 #include <ddp/process_group.h>
 #include <ddp/sampler_state.h>
+#include <ddp/stateful.h>
 
 namespace ddp {
 
@@ -48,11 +50,19 @@ struct CheckpointOptions {
   CheckpointOptions& prefix(std::string p) { prefix_ = std::move(p); return *this; }
   // Save every rank's RNG states (CPU generator, and the current CUDA device's when available).
   CheckpointOptions& save_rng(bool on) { save_rng_ = on; return *this; }
+  // Also save `state` (a GradScaler, a comm hook's state, ...) under `name`: every rank's own
+  // snapshot (they may differ: PowerSGD's error feedback does). Every rank names the same states.
+  // Not owned: it must outlive the call.
+  CheckpointOptions& state(std::string name, const Stateful* state) {
+    states_.emplace_back(std::move(name), state);
+    return *this;
+  }
 
   ProcessGroupPtr group_;
   int keep_last_ = 0;
   std::string prefix_ = "checkpoint";
   bool save_rng_ = true;
+  std::vector<std::pair<std::string, const Stateful*>> states_;
 };
 
 struct LoadOptions {
@@ -61,13 +71,26 @@ struct LoadOptions {
   LoadOptions& strict(bool on) { strict_ = on; return *this; }
   // Restore this rank's RNG states (saved per rank; a rank the checkpoint has no entry for keeps its own).
   LoadOptions& restore_rng(bool on) { restore_rng_ = on; return *this; }
-  // Which rank this process is for RNG restore; null: the default group if initialized, else rank 0.
+  // Which rank this process is for RNG and state restore; null: the default group if initialized,
+  // else rank 0.
   LoadOptions& group(ProcessGroupPtr g) { group_ = std::move(g); return *this; }
+  // Restore `state` from the snapshot this rank saved under `name` (rank 0's for a rank the saving
+  // world did not have). A checkpoint without `name` is an error naming what it holds.
+  LoadOptions& state(std::string name, Stateful* state) {
+    states_.push_back({std::move(name), state, /*required=*/true});
+    return *this;
+  }
 
+  struct StateEntry {
+    std::string name;
+    Stateful* state;
+    bool required;  // false for a DDP wrapper's comm hook: a run may add a hook when it resumes
+  };
   MapLocation map_location_;
   bool strict_ = true;
   bool restore_rng_ = true;
   ProcessGroupPtr group_;
+  std::vector<StateEntry> states_;
 };
 
 // Collective: every rank of the group calls it. Rank 0 writes `path` crash-safely; every rank
@@ -91,18 +114,39 @@ std::optional<std::string> latest_checkpoint(const std::string& dir,
                                              const std::string& prefix = "checkpoint");
 
 // Wrappers such as ddp::DistributedDataParallel (anything with .module() returning a pointer to
-// the wrapped module) save and load the bare module, so one checkpoint fits both.
+// the wrapped module) save and load the bare module, so one checkpoint fits both. A wrapper with a
+// stateful comm hook (comm_hook_state(), e.g. PowerSGD) has that state saved and restored too,
+// under the name "comm_hook"; a checkpoint saved without it leaves the hook's fresh state alone.
+namespace detail {
+template <typename Wrapper, typename = void>
+struct HasCommHookState : std::false_type {};
+template <typename Wrapper>
+struct HasCommHookState<Wrapper, std::void_t<decltype(std::declval<const Wrapper&>().comm_hook_state())>>
+    : std::true_type {};
+constexpr char kCommHookStateName[] = "comm_hook";
+}  // namespace detail
+
 template <typename Wrapper, typename = decltype(*std::declval<const Wrapper&>().module())>
 void save_checkpoint(const std::string& path, const Wrapper& wrapper,
                      const torch::optim::Optimizer* optimizer, const TrainingState& state,
                      const CheckpointOptions& options = {}) {
+  CheckpointOptions with_hook = options;
+  if constexpr (detail::HasCommHookState<Wrapper>::value) {
+    if (const Stateful* hook_state = wrapper.comm_hook_state()) with_hook.state(detail::kCommHookStateName, hook_state);
+  }
   save_checkpoint(path, static_cast<const torch::nn::Module&>(*wrapper.module()), optimizer, state,
-                  options);
+                  with_hook);
 }
 template <typename Wrapper, typename = decltype(*std::declval<Wrapper&>().module())>
 TrainingState load_checkpoint(const std::string& path, Wrapper& wrapper,
                               torch::optim::Optimizer* optimizer, const LoadOptions& options = {}) {
-  return load_checkpoint(path, static_cast<torch::nn::Module&>(*wrapper.module()), optimizer, options);
+  LoadOptions with_hook = options;
+  if constexpr (detail::HasCommHookState<Wrapper>::value) {
+    if (Stateful* hook_state = wrapper.comm_hook_state()) {
+      with_hook.states_.push_back({detail::kCommHookStateName, hook_state, /*required=*/false});
+    }
+  }
+  return load_checkpoint(path, static_cast<torch::nn::Module&>(*wrapper.module()), optimizer, with_hook);
 }
 
 }  // namespace ddp
