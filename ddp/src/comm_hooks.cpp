@@ -9,14 +9,16 @@
 namespace ddp {
 
 GradBucket::GradBucket(size_t index, size_t bucket_count, at::Tensor buffer, std::vector<at::Tensor> gradients,
-                       std::vector<at::Tensor> parameters, std::vector<int64_t> offsets, ProcessGroupPtr group)
+                       std::vector<at::Tensor> parameters, std::vector<int64_t> offsets, ProcessGroupPtr group,
+                       std::vector<size_t> parameter_indices)
     : index_(index),
       bucket_count_(bucket_count),
       buffer_(std::move(buffer)),
       gradients_(std::move(gradients)),
       parameters_(std::move(parameters)),
       offsets_(std::move(offsets)),
-      group_(std::move(group)) {}
+      group_(std::move(group)),
+      parameter_indices_(std::move(parameter_indices)) {}
 
 namespace hooks {
 namespace {

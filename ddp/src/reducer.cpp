@@ -160,7 +160,8 @@ std::vector<GradBucket> Reducer::hook_buckets() const {
       offsets.push_back(offset);
       offset += params_[p].numel();
     }
-    out.emplace_back(b, buckets_.size(), bucket.flat, bucket.views, std::move(params), std::move(offsets), group_);
+    out.emplace_back(b, buckets_.size(), bucket.flat, bucket.views, std::move(params), std::move(offsets), group_,
+                     bucket.params);
   }
   return out;
 }

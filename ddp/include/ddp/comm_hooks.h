@@ -3,7 +3,7 @@
 // (PyTorch's DistributedDataParallel.register_comm_hook and torch.distributed.algorithms.ddp_comm_hooks).
 //
 //   model.register_comm_hook(ddp::hooks::bf16_compress());       // or allreduce(), fp16_compress()
-//   model.register_comm_hook(ddp::hooks::powersgd(ddp::hooks::PowerSGDOptions().matrix_approximation_rank(2)));
+//   model.register_comm_hook(ddp::hooks::powersgd(ddp::hooks::PowerSGDOptions().matrix_approximation_rank(2)));  // powersgd.h
 //   model.register_comm_hook([](ddp::GradBucket& bucket) {        // your own
 //     bucket.buffer().div_(bucket.world_size());                    // the hook averages (PyTorch's contract)
 //     return ddp::hooks::allreduce_future(bucket.process_group(), bucket.buffer());
@@ -45,7 +45,8 @@ using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
 class GradBucket {
  public:
   GradBucket(size_t index, size_t bucket_count, at::Tensor buffer, std::vector<at::Tensor> gradients,
-             std::vector<at::Tensor> parameters, std::vector<int64_t> offsets, ProcessGroupPtr group);
+             std::vector<at::Tensor> parameters, std::vector<int64_t> offsets, ProcessGroupPtr group,
+             std::vector<size_t> parameter_indices);
 
   // Position in launch order: 0 is the first bucket reduced in a backward pass.
   size_t index() const { return index_; }
@@ -63,6 +64,10 @@ class GradBucket {
   const std::vector<at::Tensor>& parameters() const { return parameters_; }
   // Element offset of each parameter's gradient in buffer().
   const std::vector<int64_t>& offsets() const { return offsets_; }
+  // Each parameter's position among the parameters DDP reduces (the module's parameters() that
+  // require gradients, in order): stable across bucket rebuilds
+  // and runs, so a stateful hook keys its per-parameter state by it (PowerSGD does).
+  const std::vector<size_t>& parameter_indices() const { return parameter_indices_; }
   const ProcessGroupPtr& process_group() const { return group_; }
   int world_size() const { return group_->getSize(); }
   int rank() const { return group_->getRank(); }
@@ -75,6 +80,7 @@ class GradBucket {
   std::vector<at::Tensor> parameters_;
   std::vector<int64_t> offsets_;
   ProcessGroupPtr group_;
+  std::vector<size_t> parameter_indices_;
 };
 
 // What register_comm_hook takes: the function, a name (reported in logging_data()), and optionally
@@ -130,3 +136,6 @@ FuturePtr completed_future(at::Tensor tensor);
 
 }  // namespace hooks
 }  // namespace ddp
+
+// PowerSGD, the built-in stateful hook, has a header of its own.
+#include <ddp/powersgd.h>
