@@ -50,7 +50,7 @@ void usage() {
   std::cout <<
       "usage: ddp_bench [--quick] [--model mlp|resnet] [--batch N] [--configs mlp:4,mlp:64:3,resnet:32]\n"
       "                 [--world 2] [--caps 0,1,5,25,100] [--view-caps 25] [--warmup N] [--steps N]\n"
-      "                 [--rounds N] [--memory-steps N] [--no-memory] [--no-features] [--mlp-width N]\n"
+      "                 [--rounds N] [--memory-steps N] [--no-memory] [--no-features] [--no-hooks] [--mlp-width N]\n"
       "                 [--mlp-layers N]\n"
       "                 [--timeout SECONDS] [--out DIR]\n"
       "  --quick      a small MLP, few steps, worlds 1 and 2 (what CTest runs; under a minute)\n"
@@ -59,7 +59,8 @@ void usage() {
       "  --caps       bucket_cap_mb values for reducer and ours; 0 = one bucket per parameter\n"
       "  --view-caps  bucket sizes for ours_view (gradient_as_bucket_view) and the memory pass\n"
       "  --rounds     interleaved rounds; each runs --steps timed steps of every variant\n"
-      "  --no-features  without ours_join, ours_detail and ours_auto (what Join, DETAIL, autotuning cost)\n";
+      "  --no-features  without ours_join, ours_detail and ours_auto (what Join, DETAIL, autotuning cost)\n"
+      "  --no-hooks   without the communication hook variants (ours+fp16, ours+bf16, ours+powersgd1/4, reducer+fp16)\n";
 }
 
 template <typename T>
@@ -128,6 +129,7 @@ Options parse(int argc, char** argv) {
     else if (arg == "--memory-steps") o.memory_steps = std::stoi(value());
     else if (arg == "--no-memory") o.memory = false;
     else if (arg == "--no-features") o.features = false;
+    else if (arg == "--no-hooks") o.hooks = false;
     else if (arg == "--mlp-width") width = std::stoi(value());
     else if (arg == "--mlp-layers") layers = std::stoi(value());
     else if (arg == "--timeout") o.timeout_s = std::stoi(value());
@@ -165,7 +167,7 @@ void timing_job(const Options& o, const ModelConfig& config, const ddp::ProcessG
   const int world = group->getSize();
   const Batch batch = make_batch(config, rank);
   std::vector<Variant> variants;
-  for (const auto& spec : all_variants(o.caps, o.view_caps, o.features)) {
+  for (const auto& spec : all_variants(o.caps, o.view_caps, o.features, o.hooks)) {
     variants.push_back(make_variant(spec, make_model(config), batch, group));
   }
   for (auto& variant : variants) {

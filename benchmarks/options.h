@@ -20,6 +20,7 @@ struct Options {
   int rounds = 10;       // interleaved rounds: short blocks, so load changes hit every variant alike
   int memory_steps = 3;  // steps after warm-up in the memory pass
   bool memory = true;
+  bool hooks = true;     // ours+fp16/bf16/powersgd1/powersgd4 and reducer+fp16 at 25 MiB
   bool features = true;  // ours_join, ours_detail, ours_auto: what Join, DETAIL and autotuning cost
   bool quick = false;
   int timeout_s = 900;   // per job (one world of ranks)

@@ -101,6 +101,13 @@ json analyse(const json& raw, const std::map<std::string, json>& memory) {
       const auto ours = by_id.find(ours_id.str());
       if (ours != by_id.end()) row["ratio_vs_ours"] = ratio(v, ours->second);
     }
+    // The hooks: also against c10d's own fp16 hook at the same cap.
+    if (kind.rfind("ours+", 0) == 0) {
+      std::ostringstream peer_id;
+      peer_id << "reducer+fp16@" << v["bucket_cap_mb"].get<double>();
+      const auto peer = by_id.find(peer_id.str());
+      if (peer != by_id.end()) row["ratio_vs_reducer_fp16"] = ratio(v, peer->second);
+    }
     if (kind == "ours_auto") {
       const json* best = nullptr;
       for (const auto& other : raw["variants"]) {
@@ -186,6 +193,19 @@ void print_summary(const json& raw, const json& rows, const Options& o) {
                 std::isnan(get(row, "best_fixed_cap_mb")) ? "?" : cap_label(get(row, "best_fixed_cap_mb")).c_str(),
                 fixed(get(row, "ratio_vs_best_fixed")).c_str());
   }
+  // Communication hooks: x/reducer is against the reducer in fp32 at the same cap.
+  bool hook_header = false;
+  for (const char* name : {"reducer+fp16", "ours+fp16", "ours+bf16", "ours+powersgd1", "ours+powersgd4"}) {
+    const json* row = find_row(rows, name);
+    if (!row) continue;
+    if (!hook_header) {
+      std::printf("  %-16s %9s %11s %17s %9s   (comm hooks @%s MiB)\n", "hook", "ms", "x/reducer", "x/reducer+fp16",
+                  "x/local", cap_label((*row)["bucket_cap_mb"].get<double>()).c_str());
+      hook_header = true;
+    }
+    std::printf("  %-16s %9.2f %11s %17s %9s\n", name, get(row, "median_ms"), fixed(get(row, "ratio_vs_reducer")).c_str(),
+                fixed(get(row, "ratio_vs_reducer_fp16")).c_str(), fixed(get(row, "ratio_vs_local")).c_str());
+  }
 }
 
 // Memory above local is what synchronization holds: buckets, plus gradients outside them.
@@ -210,15 +230,20 @@ void print_memory(const json& rows, int world, double gradient_mib) {
               "    steps (includes the one bucket rebuild)\n");
 }
 
-// Columns: index, bucket label, then median/p25/p75 for local, naive, reducer, ours, ours_view.
+// Columns: index, bucket label, then median/p25/p75 for local, naive, reducer, ours, ours_view,
+// reducer+fp16, ours+fp16, ours+bf16, ours+powersgd1, ours+powersgd4.
 void write_plot_data(const fs::path& file, const json& rows, const Options& o) {
   std::ofstream dat(file);
-  dat << "# index cap local(med p25 p75) naive(...) reducer(...) ours(...) ours_view(...); ? = not run\n";
+  dat << "# index cap local(med p25 p75) naive(...) reducer(...) ours(...) ours_view(...) reducer+fp16(...) "
+         "ours+fp16(...) ours+bf16(...) ours+powersgd1(...) ours+powersgd4(...); ? = not run\n";
   for (size_t i = 0; i < o.caps.size(); ++i) {
     const double cap = o.caps[i];
     dat << i << " \"" << (cap == 0 ? std::string("0 (per param)") : cap_label(cap)) << "\"";
     for (const json* row : {find_row(rows, "local"), find_row(rows, "naive"), find_row(rows, "reducer", cap),
-                            find_row(rows, "ours", cap), find_row(rows, "ours_view", cap)}) {
+                            find_row(rows, "ours", cap), find_row(rows, "ours_view", cap),
+                            find_row(rows, "reducer+fp16", cap), find_row(rows, "ours+fp16", cap),
+                            find_row(rows, "ours+bf16", cap), find_row(rows, "ours+powersgd1", cap),
+                            find_row(rows, "ours+powersgd4", cap)}) {
       for (const char* field : {"median_ms", "p25_ms", "p75_ms"}) {
         const double value = get(row, field);
         dat << ' ' << (std::isfinite(value) ? fixed(value, 3) : "?");
@@ -256,7 +281,7 @@ bool write_report(const Options& o, const std::string& load_at_start) {
               {"rows", json::array()}};
   std::ofstream csv(dir / "results.csv");
   csv << "model,batch,world,variant,bucket_cap_mb,collectives,median_ms,p25_ms,p75_ms,steps,ratio_vs_local,"
-         "ratio_vs_reducer,overlap_efficiency,peak_rss_steady_mib,peak_rss_setup_mib\n";
+         "ratio_vs_reducer,overlap_efficiency,peak_rss_steady_mib,peak_rss_setup_mib,ratio_vs_reducer_fp16\n";
   std::printf("ours/reducer and ours/local: per round, median step of one over the other; median over rounds.\n"
               "overlap = (naive - ours) / (naive - local), from those ratios: the share of the naive variant's\n"
               "communication time that ours (or the reducer) hides; 1 = all, 0 = none, clamped; n/a without\n"
@@ -274,7 +299,7 @@ bool write_report(const Options& o, const std::string& load_at_start) {
       const json raw = json::parse(in);
       std::map<std::string, json> memory;
       if (o.memory && world == memory_world) {
-        for (const auto& spec : all_variants(o.caps, o.view_caps, /*features=*/false)) {
+        for (const auto& spec : all_variants(o.caps, o.view_caps, /*features=*/false, /*hooks=*/false)) {
           std::ifstream mem(dir / memory_file(config, world, spec));
           if (mem) memory[spec.id()] = json::parse(mem);
         }
@@ -294,7 +319,7 @@ bool write_report(const Options& o, const std::string& load_at_start) {
             << ',' << cell("median_ms", 3) << ',' << cell("p25_ms", 3) << ',' << cell("p75_ms", 3) << ','
             << row["steps"] << ',' << cell("ratio_vs_local", 3) << ',' << cell("ratio_vs_reducer", 3) << ','
             << cell("overlap_efficiency", 3) << ',' << cell("peak_rss_steady_mib", 1) << ','
-            << cell("peak_rss_setup_mib", 1) << '\n';
+            << cell("peak_rss_setup_mib", 1) << ',' << cell("ratio_vs_reducer_fp16", 3) << '\n';
         all["rows"].push_back(row);
       }
       print_summary(raw, rows, o);

@@ -102,6 +102,18 @@ Variant ours(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::Pro
     DetailWhileConstructing detail(spec.kind == Kind::ours_detail);
     wrapped = std::make_shared<ddp::DistributedDataParallel<BenchNet>>(model, group, options);
   }
+  switch (spec.kind) {
+    case Kind::ours_fp16: wrapped->register_comm_hook(ddp::hooks::fp16_compress()); break;
+    case Kind::ours_bf16: wrapped->register_comm_hook(ddp::hooks::bf16_compress()); break;
+    case Kind::ours_powersgd1:
+    case Kind::ours_powersgd4:
+      // From the third step: the bench's two warm-up steps are PowerSGD's plain-allreduce warm-up.
+      wrapped->register_comm_hook(ddp::hooks::powersgd(ddp::hooks::PowerSGDOptions()
+                                                           .matrix_approximation_rank(spec.kind == Kind::ours_powersgd1 ? 1 : 4)
+                                                           .start_powerSGD_iter(2)));
+      break;
+    default: break;
+  }
   Variant v;
   if (spec.kind == Kind::ours_join) {
     v.run_block = [wrapped](const std::function<void()>& block) { ddp::Join({*wrapped}).run(block); };
@@ -129,7 +141,7 @@ Variant ours(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::Pro
 // compute_bucket_assignment_by_size([first cap, cap]) reversed; per step prepare_for_forward,
 // rebuild_buckets (once, in observed order), buffer broadcast, forward, prepare_for_backward.
 Variant reducer(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::ProcessGroupPtr& group,
-                double cap_mb) {
+                double cap_mb, bool fp16) {
   const auto cap = static_cast<size_t>(cap_mb * kMiB);
   const auto first = static_cast<size_t>(first_bucket_bytes(cap_mb));
   auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-3));
@@ -142,6 +154,8 @@ Variant reducer(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::
                                                 /*find_unused_parameters=*/false,
                                                 /*gradient_as_bucket_view=*/false,
                                                 std::unordered_map<size_t, std::string>{}, first);
+  // What Python's model.register_comm_hook(None, default_hooks.fp16_compress_hook) becomes in C++.
+  if (fp16) engine->register_builtin_comm_hook(c10d::BuiltinCommHookType::FP16_COMPRESS);
   // Python DDP broadcasts buffers (BatchNorm statistics) from rank 0 before every forward, as ours
   // does with broadcast_buffers at its default; ours skips it in a world of one, so this does too.
   const auto buffers = model->buffers();
@@ -175,6 +189,11 @@ std::string VariantSpec::kind_name() const {
     case Kind::ours_join: return "ours_join";
     case Kind::ours_detail: return "ours_detail";
     case Kind::ours_auto: return "ours_auto";
+    case Kind::ours_fp16: return "ours+fp16";
+    case Kind::ours_bf16: return "ours+bf16";
+    case Kind::ours_powersgd1: return "ours+powersgd1";
+    case Kind::ours_powersgd4: return "ours+powersgd4";
+    case Kind::reducer_fp16: return "reducer+fp16";
   }
   return "?";
 }
@@ -192,15 +211,21 @@ VariantSpec parse_variant(const std::string& id) {
   VariantSpec spec;
   if (at != std::string::npos) spec.bucket_cap_mb = std::stod(id.substr(at + 1));
   for (Kind kind : {Kind::local, Kind::naive, Kind::naive_flat, Kind::reducer, Kind::ours, Kind::ours_view,
-                    Kind::ours_join, Kind::ours_detail, Kind::ours_auto}) {
+                    Kind::ours_join, Kind::ours_detail, Kind::ours_auto, Kind::ours_fp16, Kind::ours_bf16,
+                    Kind::ours_powersgd1, Kind::ours_powersgd4, Kind::reducer_fp16}) {
     spec.kind = kind;
     if (spec.kind_name() == name) return spec;
   }
   throw std::invalid_argument("unknown variant '" + id + "'");
 }
 
+double hook_cap(const std::vector<double>& caps) {
+  return std::find(caps.begin(), caps.end(), 25.0) != caps.end() || caps.empty() ? 25.0
+                                                                                 : *std::max_element(caps.begin(), caps.end());
+}
+
 std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std::vector<double>& view_caps,
-                                      bool features) {
+                                      bool features, bool hooks) {
   std::vector<VariantSpec> specs{{Kind::local}, {Kind::naive}, {Kind::naive_flat}};
   for (double cap : caps) {
     specs.push_back({Kind::reducer, cap});
@@ -212,6 +237,11 @@ std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std
     specs.push_back({Kind::ours_detail, view_caps.front()});
   }
   if (features) specs.push_back({Kind::ours_auto});
+  if (hooks) {
+    for (Kind kind : {Kind::reducer_fp16, Kind::ours_fp16, Kind::ours_bf16, Kind::ours_powersgd1, Kind::ours_powersgd4}) {
+      specs.push_back({kind, hook_cap(caps)});
+    }
+  }
   return specs;
 }
 
@@ -222,12 +252,17 @@ Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, c
     case Kind::local: v = local(model, batch); break;
     case Kind::naive: v = naive(model, batch, group); break;
     case Kind::naive_flat: v = naive_flat(model, batch, group); break;
-    case Kind::reducer: v = reducer(model, batch, group, spec.bucket_cap_mb); break;
+    case Kind::reducer:
+    case Kind::reducer_fp16: v = reducer(model, batch, group, spec.bucket_cap_mb, spec.kind == Kind::reducer_fp16); break;
     case Kind::ours:
     case Kind::ours_view:
     case Kind::ours_join:
     case Kind::ours_detail:
-    case Kind::ours_auto: v = ours(model, batch, group, spec); break;
+    case Kind::ours_auto:
+    case Kind::ours_fp16:
+    case Kind::ours_bf16:
+    case Kind::ours_powersgd1:
+    case Kind::ours_powersgd4: v = ours(model, batch, group, spec); break;
   }
   v.spec = spec;
   return v;

@@ -23,6 +23,12 @@ enum class Kind {
   ours_join,    // ours inside ddp::Join, every rank with the same number of batches
   ours_detail,  // ours under TORCH_DISTRIBUTED_DEBUG=DETAIL (every collective checked first)
   ours_auto,    // ours with bucket_cap_mb_auto(true), no fixed cap
+  // Communication hooks (ddp/comm_hooks.h), each against the reducer at the same cap:
+  ours_fp16,       // ours+fp16: ddp::hooks::fp16_compress()
+  ours_bf16,       // ours+bf16: ddp::hooks::bf16_compress()
+  ours_powersgd1,  // ours+powersgd1: ddp::hooks::powersgd, rank 1, from the third step
+  ours_powersgd4,  // ours+powersgd4: rank 4
+  reducer_fp16,    // reducer+fp16: c10d's built-in FP16_COMPRESS hook, the fair peer of ours+fp16
 };
 
 struct VariantSpec {
@@ -34,9 +40,12 @@ struct VariantSpec {
 };
 
 // Every kind once, and reducer and ours at each bucket size; ours_view at `view_caps`; with
-// `features`, ours_join and ours_detail at the first view cap and ours_auto.
+// `features`, ours_join and ours_detail at the first view cap and ours_auto; with `hooks`, the
+// hook variants at 25 MiB (or the largest cap without 25).
 std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std::vector<double>& view_caps,
-                                      bool features);
+                                      bool features, bool hooks);
+// The cap the hook variants run at.
+double hook_cap(const std::vector<double>& caps);
 VariantSpec parse_variant(const std::string& id);
 
 struct Variant {

@@ -21,6 +21,7 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <ddp/comm_hooks.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/distributed_sampler.h>
 #include <ddp/fashion_mnist.h>
@@ -47,7 +48,11 @@ struct Options {
   int threads = 1;
   size_t limit_train = 0;   // 0: the whole training set
   std::string checkpoint_dir;
+  std::string comm_hook = "none";  // none, fp16, bf16, powersgd
+  int64_t powersgd_rank = 2;
+  int64_t powersgd_start_iter = 10;
 };
+
 
 // Two conv blocks and two linear layers: ~0.2M parameters, about 90% test accuracy in a few epochs.
 struct Net : torch::nn::Module {
@@ -122,6 +127,17 @@ ddp::Metrics evaluate(Net& net, const ddp::FashionMNIST& test, int64_t batch_siz
   return local.all_reduce();
 }
 
+// --comm-hook: how each gradient bucket is reduced (ddp/comm_hooks.h).
+void register_comm_hook(ddp::DistributedDataParallel<Net>& model, const Options& options) {
+  if (options.comm_hook == "fp16") model.register_comm_hook(ddp::hooks::fp16_compress());
+  if (options.comm_hook == "bf16") model.register_comm_hook(ddp::hooks::bf16_compress());
+  if (options.comm_hook == "powersgd") {
+    model.register_comm_hook(ddp::hooks::powersgd(ddp::hooks::PowerSGDOptions()
+                                                      .matrix_approximation_rank(options.powersgd_rank)
+                                                      .start_powerSGD_iter(options.powersgd_start_iter)));
+  }
+}
+
 int run(const Options& options) {
   torch::set_num_threads(options.threads);
   auto pg = init(options);
@@ -136,6 +152,7 @@ int run(const Options& options) {
   torch::manual_seed(options.seed);  // the same start everywhere (DDP also broadcasts rank 0's)
   auto net = std::make_shared<Net>();
   ddp::DistributedDataParallel model(net, pg, ddp::DDPOptions().bucket_cap_mb(options.bucket_cap_mb).first_bucket_cap_mb(options.first_bucket_cap_mb));
+  register_comm_hook(model, options);
   torch::optim::Adam optimizer(model.parameters(), torch::optim::AdamOptions(options.lr));
 
   ddp::DistributedSampler sampler(*train.size(), ddp::DistributedSamplerOptions()
@@ -162,10 +179,10 @@ int run(const Options& options) {
 
   if (leader) {
     std::printf("train_fashion_mnist: world %d (%s), batch %lld per rank (%lld global), lr %g, %zu train / %zu test "
-                "samples, %d thread(s) per rank\n",
+                "samples, %d thread(s) per rank, comm hook %s\n",
                 world, options.backend.c_str(), static_cast<long long>(options.batch_size),
                 static_cast<long long>(options.batch_size * world), options.lr, *train.size(), *test.size(),
-                options.threads);
+                options.threads, options.comm_hook.c_str());
   }
   const bool show_bar = leader && isatty(STDOUT_FILENO);
   for (int epoch = start_epoch; epoch < options.epochs; ++epoch) {
@@ -208,6 +225,11 @@ int run(const Options& options) {
     }
 #endif
   }
+  const auto* powersgd = dynamic_cast<const ddp::hooks::PowerSGDState*>(model.comm_hook_state());
+  if (powersgd != nullptr && leader) {
+    std::printf("powersgd: %.1fx fewer gradient elements sent in the compressed steps\n",
+                powersgd->compression_stats().compress_rate);
+  }
   ddp::destroy_process_group();
   return 0;
 }
@@ -239,6 +261,11 @@ int main(int argc, char** argv) {
   app.add_option("--threads", options.threads, "torch threads per rank")->check(positive);
   app.add_option("--limit-train", options.limit_train, "use only the first N training samples (0: all)");
   app.add_option("--checkpoint-dir", options.checkpoint_dir, "save a checkpoint each epoch and resume from the newest");
+  app.add_option("--comm-hook", options.comm_hook, "how gradients are reduced: none, fp16, bf16 or powersgd")
+      ->check(CLI::IsMember({"none", "fp16", "bf16", "powersgd"}));
+  app.add_option("--powersgd-rank", options.powersgd_rank, "PowerSGD's matrix_approximation_rank")->check(positive);
+  app.add_option("--powersgd-start-iter", options.powersgd_start_iter,
+                 "steps of plain allreduce before PowerSGD starts (> 1)")->check(CLI::Range(2, 1 << 30));
   CLI11_PARSE(app, argc, argv);
   try {
     return run(options);
