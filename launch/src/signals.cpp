@@ -10,6 +10,7 @@
 #include <string>
 #include <csignal>
 #include <initializer_list>
+#include <thread>
 
 namespace ddprun {
 namespace {
@@ -55,5 +56,15 @@ void drain_wakeups() {
 }
 
 int stop_signal() { return requested_stop; }
+
+void hang_up_when_stdin_closes() {
+  std::thread([] {
+    char buffer[256];
+    ssize_t n;
+    while ((n = read(STDIN_FILENO, buffer, sizeof(buffer))) > 0 || (n < 0 && errno == EINTR)) {
+    }
+    kill(getpid(), SIGHUP);  // the handler above turns it into a stop request and a wake-up
+  }).detach();
+}
 
 }  // namespace ddprun

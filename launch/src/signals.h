@@ -12,4 +12,9 @@ void drain_wakeups();
 // SIGINT/SIGTERM/SIGHUP received so far (the latest one), 0 if none.
 int stop_signal();
 
+// For a node launcher started by `ddprun -H` (over ssh, or directly for its own host): a thread
+// reads stdin and, at EOF, raises SIGHUP in this process, so the coordinator closing the pipe
+// (or ssh losing the connection, or the coordinator dying) stops this node as a hangup would.
+void hang_up_when_stdin_closes();
+
 }  // namespace ddprun
