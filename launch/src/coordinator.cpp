@@ -186,17 +186,19 @@ class Coordinator {
       }
     }
 
-    // 3. Relay output until every node launcher exited. A signal stops them all at once. After a
-    //    node failed, the others normally learn it through the rendezvous and stop by themselves,
-    //    reporting the real cause; those that cannot (still waiting for a node that never came) are
-    //    stopped once that had time to happen.
+    // 3. Relay output until every node launcher exited. A signal stops them all at once, and so
+    //    does a node launcher that never ran (ssh failed). After a node launcher failed, the others
+    //    normally learn it through the rendezvous and stop by themselves, reporting the real cause;
+    //    those that do not are stopped once that had time to happen.
     if (failed_ >= 0) stop_at(Clock::now());
     while (any_running()) {
       relay(std::chrono::milliseconds(100));
       for (size_t k = 0; k < nodes_.size(); ++k) {
         if (reap_if_exited(nodes_[k].child) && !nodes_[k].child.status.ok() && failed_ < 0 && signal_ == 0) {
           failed_ = static_cast<int>(k);
-          stop_at(Clock::now() + seconds(options_.monitor_interval_s + options_.grace_period_s + 1));
+          const bool told_the_others = !nodes_[k].never_ran();  // through the rendezvous
+          stop_at(Clock::now() + (told_the_others ? seconds(options_.monitor_interval_s + options_.grace_period_s + 1)
+                                                  : Clock::duration::zero()));
         }
       }
       if (stop_signal() != 0 && signal_ == 0) {
