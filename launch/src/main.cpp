@@ -28,7 +28,7 @@ void report(const ddprun::RoundResult& result) {
 int run(ddprun::Options& options) {
   // Handlers first: a node launcher of `ddprun -H` may be told to stop while still connecting.
   ddprun::install_signal_handlers();
-  if (options.stop_when_stdin_closes) ddprun::hang_up_when_stdin_closes();
+  if (options.stop_when_stdin_closes) ddprun::hang_up_when_stdin_closes("node " + std::to_string(options.node_rank));
   auto rendezvous = ddprun::make_rendezvous(options);
   if (ddprun::sets_omp_num_threads(options)) {
     std::cerr << "ddprun: setting OMP_NUM_THREADS=1 for each rank to avoid oversubscribing the CPUs; "
