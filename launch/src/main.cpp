@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "coordinator.h"
 #include "options.h"
 #include "rendezvous.h"
 #include "signals.h"
@@ -25,8 +26,10 @@ void report(const ddprun::RoundResult& result) {
 }
 
 int run(ddprun::Options& options) {
-  auto rendezvous = ddprun::make_rendezvous(options);
+  // Handlers first: a node launcher of `ddprun -H` may be told to stop while still connecting.
   ddprun::install_signal_handlers();
+  if (options.stop_when_stdin_closes) ddprun::hang_up_when_stdin_closes("node " + std::to_string(options.node_rank));
+  auto rendezvous = ddprun::make_rendezvous(options);
   if (ddprun::sets_omp_num_threads(options)) {
     std::cerr << "ddprun: setting OMP_NUM_THREADS=1 for each rank to avoid oversubscribing the CPUs; "
                  "set it yourself to tune\n";
@@ -79,7 +82,7 @@ int main(int argc, char** argv) {
   ddprun::Options options;
   try {
     if (!ddprun::parse_options(argc, argv, options)) return 0;
-    return run(options);
+    return options.hosts.empty() ? run(options) : ddprun::run_on_hosts(options);
   } catch (const ddprun::UsageError& error) {
     std::cerr << "ddprun: error: " << error.what() << "\nRun 'ddprun --help' for usage.\n";
     return 2;

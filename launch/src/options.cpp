@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <regex>
@@ -89,6 +90,7 @@ bool parse_options(int argc, char** argv, Options& options) {
       "The program and its arguments follow the options (or a `--`):\n"
       "  ddprun --nproc-per-node 4 --standalone -- ./train --epochs 3\n"
       "  ddprun --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-addr 10.0.0.1 ./train\n"
+      "  ddprun -H host1:2,host2:2 ./train     (node k on the k-th host, started over ssh)\n"
       "Exit codes: 0 success, 1 a rank or the rendezvous failed, 2 bad input (nothing started),\n"
       "128+N stopped by signal N. See launch/README.md.");
   std::string nproc = "1";
@@ -121,6 +123,18 @@ bool parse_options(int argc, char** argv, Options& options) {
   std::string filter;
   app.add_option("--local-ranks-filter,--local_ranks_filter", filter,
                  "show only these local ranks on the console, e.g. 0 or 0,3 (all ranks still go to --log-dir)");
+  std::string host_list, hostfile;
+  app.add_option("-H,--hosts", host_list,
+                 "run on several hosts from one command: host1:2,host2:2 (host:ranks); the other hosts' "
+                 "launchers are started over ssh, node k on the k-th host");
+  app.add_option("--hostfile", hostfile, "like -H, from a file of lines 'host slots=N'");
+  app.add_option("-x", options.forward_env,
+                 "with -H: also send this environment variable to the other hosts (NAME or NAME=VALUE; repeat -x)")
+      ->allow_extra_args(false);
+  app.add_option("--ssh", options.ssh_command, "with -H: the ssh command, split at spaces (e.g. 'ssh -F cluster.conf')")
+      ->capture_default_str();
+  app.add_flag("--stop-when-stdin-closes", options.stop_when_stdin_closes,
+               "stop as on SIGHUP when stdin reaches EOF (what -H gives each node launcher)");
   app.set_version_flag("--version", "ddprun " DDPRUN_VERSION);
   // Everything from the first positional argument on is the program's command line, so
   // `ddprun --nproc-per-node 2 train --lr 0.1` works without `--`.
@@ -162,6 +176,37 @@ bool parse_options(int argc, char** argv, Options& options) {
   }
 
   options.nproc_per_node = parse_nproc(nproc);
+  if (!host_list.empty() || !hostfile.empty()) {
+    if (!host_list.empty() && !hostfile.empty()) throw UsageError("give the hosts with -H or with --hostfile, not both");
+    for (const char* own : {"--nnodes", "--node-rank", "--nproc-per-node", "--standalone"}) {
+      if (app.count(own) > 0) {
+        throw UsageError(std::string(own) + " cannot be used with -H/--hostfile: the host list gives the nodes and "
+                         "each host's ranks (host:slots)");
+      }
+    }
+    options.hosts = host_list.empty() ? read_hostfile(hostfile) : parse_host_list(host_list);
+    options.nnodes = static_cast<int>(options.hosts.size());
+    if (app.count("--master-addr") == 0) options.master_addr = options.hosts.front().name;
+    const bool all_here = std::all_of(options.hosts.begin(), options.hosts.end(),
+                                      [](const Host& host) { return is_this_host(host.name); });
+    if (!all_here && is_loopback(options.master_addr)) {
+      throw UsageError("node 0 ('" + options.master_addr + "') hosts the rendezvous, but that is a loopback address "
+                       "the other hosts cannot reach: name the first host by an address they can reach, or give "
+                       "--master-addr");
+    }
+    for (const auto& entry : options.forward_env) {
+      const std::string name = entry.substr(0, entry.find('='));
+      if (name.empty() || name.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_") !=
+                              std::string::npos) {
+        throw UsageError("-x '" + entry + "': expected NAME or NAME=VALUE");
+      }
+      if (entry.find('=') == std::string::npos && std::getenv(name.c_str()) == nullptr) {
+        throw UsageError("-x " + name + ": " + name + " is not set here; set it, or give -x " + name + "=VALUE");
+      }
+    }
+  } else if (!options.forward_env.empty() || app.count("--ssh") > 0) {
+    throw UsageError("-x and --ssh only apply with -H/--hostfile (hosts started over ssh)");
+  }
   if (options.nnodes < 1) throw UsageError("--nnodes must be at least 1 (got " + std::to_string(options.nnodes) + ")");
   if (options.node_rank < 0 || options.node_rank >= options.nnodes) {
     throw UsageError("--node-rank " + std::to_string(options.node_rank) + " is out of range for --nnodes " +
@@ -187,6 +232,13 @@ bool parse_options(int argc, char** argv, Options& options) {
   check_seconds("--timeout", options.rdzv_timeout_s, false);
   check_seconds("--grace-period", options.grace_period_s, true);
   if (!filter.empty()) {
+    // With -H every host gets the filter: it must fit the host with the fewest ranks.
+    int ranks_per_node = options.nproc_per_node;
+    if (!options.hosts.empty()) {
+      ranks_per_node = std::min_element(options.hosts.begin(), options.hosts.end(), [](const Host& a, const Host& b) {
+                         return a.slots < b.slots;
+                       })->slots;
+    }
     std::stringstream items(filter);
     for (std::string item; std::getline(items, item, ',');) {
       size_t used = 0;
@@ -195,9 +247,9 @@ bool parse_options(int argc, char** argv, Options& options) {
         local = std::stoi(item, &used);
       } catch (const std::logic_error&) {
       }
-      if (used != item.size() || item.empty() || local < 0 || local >= options.nproc_per_node) {
+      if (used != item.size() || item.empty() || local < 0 || local >= ranks_per_node) {
         throw UsageError("--local-ranks-filter: '" + item + "' is not a local rank (valid: 0.." +
-                         std::to_string(options.nproc_per_node - 1) + ", comma-separated)");
+                         std::to_string(ranks_per_node - 1) + ", comma-separated)");
       }
       options.console_ranks.push_back(local);
     }

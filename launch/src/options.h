@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "hosts.h"
+
 namespace ddprun {
 
 // Bad input: ddprun prints the message and exits 2 without starting anything.
@@ -29,6 +31,13 @@ struct Options {
   std::vector<int> console_ranks;   // --local-ranks-filter: local ranks shown on the console (empty: all)
   std::vector<std::string> command;  // program and its arguments, as given
   std::string program_path;          // command[0] resolved through PATH
+
+  // -H / --hostfile: this ddprun is the coordinator and starts one node launcher per host
+  // (coordinator.h); node ranks follow the list, master_addr defaults to the first host.
+  std::vector<Host> hosts;
+  std::vector<std::string> forward_env;  // -x NAME or NAME=VALUE: also sent to the other hosts
+  std::string ssh_command = "ssh";        // --ssh: how to reach a host, split at spaces
+  bool stop_when_stdin_closes = false;    // a node launcher the coordinator started (signals.h)
 };
 
 // Parses argv. Returns false when the caller should exit 0 at once (--help, --version).

@@ -1,5 +1,6 @@
 #include "output.h"
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -111,6 +112,36 @@ void RankOutput::emit(int stream, const std::string& raw) {
   out += line;
   out += screen.is_terminal[stream] && out.front() == '\r' ? "\033[K\n" : "\n";
   write_all(stream == 2 ? STDERR_FILENO : STDOUT_FILENO, out);
+}
+
+void pump(int& fd, int stream, RankOutput& output) {
+  char buffer[65536];
+  while (fd >= 0) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n > 0) {
+      output.feed(stream, buffer, static_cast<size_t>(n));
+    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+      close(fd);
+      fd = -1;
+    } else if (errno == EAGAIN) {
+      return;
+    }
+  }
+}
+
+void drain(int& stdout_fd, int& stderr_fd, RankOutput& output, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while ((stdout_fd >= 0 || stderr_fd >= 0) && std::chrono::steady_clock::now() < deadline) {
+    pollfd fds[2] = {{stdout_fd, POLLIN, 0}, {stderr_fd, POLLIN, 0}};
+    poll(fds, 2, 20);
+    pump(stdout_fd, 1, output);
+    pump(stderr_fd, 2, output);
+  }
+  for (int* fd : {&stdout_fd, &stderr_fd}) {
+    if (*fd >= 0) close(*fd);
+    *fd = -1;
+  }
+  output.finish();
 }
 
 }  // namespace ddprun

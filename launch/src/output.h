@@ -7,6 +7,7 @@
 // would end up showing, the text after its last "\r" (so a bar redrawn 1,000 times is one line, not
 // one 4,000-character line). On a terminal the redraws are also shown as they come, on one
 // console line with the rank's prefix; the next line from any rank starts on a fresh line.
+#include <chrono>
 #include <cstdio>
 #include <deque>
 #include <string>
@@ -46,5 +47,13 @@ class RankOutput {
   std::string log_path_;
   FILE* log_ = nullptr;
 };
+
+// Feeds `output` whatever the non-blocking pipe `fd` holds (stream 1 or 2); closes it and sets
+// it to -1 at EOF.
+void pump(int& fd, int stream, RankOutput& output);
+
+// A finished process's last output from its stdout/stderr pipes, then closes them and finishes
+// `output`. Bounded by `limit`: a helper that escaped the process group may hold a pipe open.
+void drain(int& stdout_fd, int& stderr_fd, RankOutput& output, std::chrono::milliseconds limit);
 
 }  // namespace ddprun

@@ -18,14 +18,20 @@ struct Child {
   int pid = -1;
   int stdout_fd = -1;  // read ends of the child's stdout/stderr; -1 once closed
   int stderr_fd = -1;
+  int stdin_fd = -1;   // write end of its stdin (StdinMode::kPipe), -1 otherwise; closing it is EOF
   bool running = false;
   ExitStatus status;
 };
 
+// A rank reads /dev/null; a node launcher started by `ddprun -H` reads a pipe whose closing tells
+// it to stop (its EOF travels through ssh).
+enum class StdinMode { kNull, kPipe };
+
 // Starts `path` with argv `args` and exactly the environment `env` ("NAME=value" entries). The
 // child leads its own process group (a terminal's Ctrl-C reaches only ddprun, which forwards it)
 // and is killed by the kernel if ddprun dies without cleaning up. Throws on failure.
-Child spawn(const std::string& path, const std::vector<std::string>& args, const std::vector<std::string>& env);
+Child spawn(const std::string& path, const std::vector<std::string>& args, const std::vector<std::string>& env,
+            StdinMode stdin_mode = StdinMode::kNull);
 
 // Sends `signal` to the child's whole process group (it and anything it started).
 void signal_group(const Child& child, int signal);
@@ -36,6 +42,9 @@ bool reap_if_exited(Child& child);
 
 // The absolute path `name` runs as (PATH lookup unless it contains '/'); empty if not runnable.
 std::string find_program(const std::string& name);
+
+// The absolute path of the running ddprun executable (what `ddprun -H` runs on every host).
+std::string own_executable();
 
 // Our own environment as "NAME=value" entries.
 std::vector<std::string> current_environment();

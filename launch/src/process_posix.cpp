@@ -72,23 +72,32 @@ std::vector<std::string> current_environment() {
   return env;
 }
 
-Child spawn(const std::string& path, const std::vector<std::string>& args, const std::vector<std::string>& env) {
+std::string own_executable() {
+  char buffer[4096];
+  const ssize_t n = readlink("/proc/self/exe", buffer, sizeof(buffer) - 1);
+  if (n <= 0) throw std::runtime_error(std::string("cannot find ddprun's own path in /proc/self/exe: ") + strerror(errno));
+  return std::string(buffer, static_cast<size_t>(n));
+}
+
+Child spawn(const std::string& path, const std::vector<std::string>& args, const std::vector<std::string>& env,
+            StdinMode stdin_mode) {
   // Everything the child needs is prepared before fork: between fork and exec only
   // async-signal-safe calls are allowed (ddprun has threads once a TCPStore exists).
   auto argv = c_strings(args);
   auto envp = c_strings(env);
-  int out[2], err[2], exec_error[2];
-  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(exec_error, O_CLOEXEC) != 0) {
+  int out[2], err[2], exec_error[2], in[2] = {-1, -1};
+  if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(exec_error, O_CLOEXEC) != 0 ||
+      (stdin_mode == StdinMode::kPipe && pipe2(in, O_CLOEXEC) != 0)) {
     throw std::runtime_error(std::string("pipe failed: ") + strerror(errno));
   }
   // A rank is not in the terminal's foreground process group: reading the terminal would stop it
-  // (SIGTTIN), so its stdin is /dev/null.
-  const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  // (SIGTTIN), so its stdin is /dev/null, or a pipe only we write to.
+  const int stdin_source = stdin_mode == StdinMode::kPipe ? in[0] : open("/dev/null", O_RDONLY | O_CLOEXEC);
   const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid < 0) {
     const int error = errno;
-    for (int fd : {out[0], out[1], err[0], err[1], exec_error[0], exec_error[1], null_fd}) close(fd);
+    for (int fd : {out[0], out[1], err[0], err[1], exec_error[0], exec_error[1], stdin_source, in[1]}) close(fd);
     throw std::runtime_error(std::string("fork failed: ") + strerror(error));
   }
   if (pid == 0) {
@@ -103,7 +112,7 @@ Child spawn(const std::string& path, const std::vector<std::string>& args, const
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     for (int s : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) signal(s, SIG_DFL);
-    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+    if (stdin_source >= 0) dup2(stdin_source, STDIN_FILENO);
     dup2(out[1], STDOUT_FILENO);
     dup2(err[1], STDERR_FILENO);
     execve(path.c_str(), argv.data(), envp.data());
@@ -112,7 +121,7 @@ Child spawn(const std::string& path, const std::vector<std::string>& args, const
     _exit(127);
   }
   setpgid(pid, pid);  // also from the parent, so signal_group works even before the child ran
-  if (null_fd >= 0) close(null_fd);
+  if (stdin_source >= 0) close(stdin_source);
   close(out[1]);
   close(err[1]);
   close(exec_error[1]);
@@ -126,6 +135,7 @@ Child spawn(const std::string& path, const std::vector<std::string>& args, const
     waitpid(pid, nullptr, 0);
     close(out[0]);
     close(err[0]);
+    if (in[1] >= 0) close(in[1]);
     throw std::runtime_error("could not start " + path + ": " + strerror(error));
   }
   fcntl(out[0], F_SETFL, O_NONBLOCK);
@@ -134,6 +144,7 @@ Child spawn(const std::string& path, const std::vector<std::string>& args, const
   child.pid = pid;
   child.stdout_fd = out[0];
   child.stderr_fd = err[0];
+  child.stdin_fd = in[1];
   child.running = true;
   return child;
 }

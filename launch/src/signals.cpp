@@ -10,6 +10,7 @@
 #include <string>
 #include <csignal>
 #include <initializer_list>
+#include <thread>
 
 namespace ddprun {
 namespace {
@@ -55,5 +56,18 @@ void drain_wakeups() {
 }
 
 int stop_signal() { return requested_stop; }
+
+void hang_up_when_stdin_closes(const std::string& who) {
+  const std::string notice = "ddprun: " + who + ": stdin closed (the ddprun -H that started this node is stopping "
+                             "the job); stopping as on SIGHUP\n";
+  std::thread([notice] {
+    char buffer[256];
+    ssize_t n;
+    while ((n = read(STDIN_FILENO, buffer, sizeof(buffer))) > 0 || (n < 0 && errno == EINTR)) {
+    }
+    (void)!write(STDERR_FILENO, notice.data(), notice.size());  // one line, one write
+    kill(getpid(), SIGHUP);  // the handler above turns it into a stop request and a wake-up
+  }).detach();
+}
 
 }  // namespace ddprun

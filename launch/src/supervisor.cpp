@@ -27,22 +27,6 @@ struct Rank {
   std::unique_ptr<RankOutput> output;
 };
 
-// Reads whatever the pipe has; closes it at EOF.
-void pump(int& fd, int stream, RankOutput& output) {
-  char buffer[65536];
-  while (fd >= 0) {
-    const ssize_t n = read(fd, buffer, sizeof(buffer));
-    if (n > 0) {
-      output.feed(stream, buffer, static_cast<size_t>(n));
-    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-      close(fd);
-      fd = -1;
-    } else if (errno == EAGAIN) {
-      return;
-    }
-  }
-}
-
 class Round {
  public:
   Round(const Options& options, const RoundInfo& info, int round, Rendezvous& rendezvous)
@@ -126,21 +110,9 @@ class Round {
     }
   }
 
-  // Collects a finished rank's last output. Bounded: a helper process that escaped the rank's
-  // process group may hold the pipe open forever.
+  // Collects a finished rank's last output (bounded, see output.h).
   void drain(Rank& rank, std::chrono::milliseconds limit) {
-    const auto deadline = Clock::now() + limit;
-    while ((rank.child.stdout_fd >= 0 || rank.child.stderr_fd >= 0) && Clock::now() < deadline) {
-      pollfd fds[2] = {{rank.child.stdout_fd, POLLIN, 0}, {rank.child.stderr_fd, POLLIN, 0}};
-      poll(fds, 2, 20);
-      pump(rank.child.stdout_fd, 1, *rank.output);
-      pump(rank.child.stderr_fd, 2, *rank.output);
-    }
-    for (int* fd : {&rank.child.stdout_fd, &rank.child.stderr_fd}) {
-      if (*fd >= 0) close(*fd);
-      *fd = -1;
-    }
-    rank.output->finish();
+    ddprun::drain(rank.child.stdout_fd, rank.child.stderr_fd, *rank.output, limit);
   }
 
   RoundResult fail(RoundResult::Outcome outcome, const std::string& reason, long failed_index, int signal = 0) {

@@ -410,6 +410,38 @@ TEST(Launch, UnreachableMasterNodeIsAClearError) {
   EXPECT_EQ(f.output.find("ready rank="), std::string::npos) << f.output;
 }
 
+// `ddprun -H` with two "hosts" that are both this machine: the coordinator starts both node
+// launchers directly (no ssh), and they meet through the usual rendezvous. Over ssh between two
+// network namespaces: multihost_test.sh.
+TEST(Launch, HostListOfThisMachineFormsOneWorld) {
+  TempDir dir;
+  auto tag = launch_test::unique_tag("hosts");
+  const std::string port = std::to_string(ddp::test::free_port());
+  auto f = launch_test::run(ddprun({"-H", "localhost:2,127.0.0.1:2", "--master-port", port, "--timeout", "60"},
+                                   {"allreduce", dir.path}),
+                            {{"DDPRUN_TEST_TAG", tag}}, 120s);
+  ASSERT_EQ(f.exit_code, 0) << describe(f);
+  expect_world(dir.path, 4, 2);
+  EXPECT_EQ(read_result(dir.path, 3)["MASTER_ADDR"], "localhost") << "the first host is node 0, the master";
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string line = "[rank " + std::to_string(rank) + "] all_reduce ok on rank " + std::to_string(rank);
+    EXPECT_NE(f.output.find(line), std::string::npos) << f.output;
+  }
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+TEST(Launch, HostListFailureStopsEveryNode) {
+  auto tag = launch_test::unique_tag("hostsfail");
+  const std::string port = std::to_string(ddp::test::free_port());
+  auto f = launch_test::run(ddprun({"-H", "localhost:2,127.0.0.1:1", "--master-port", port, "--grace-period", "1"},
+                                   {"fail", "2", "6"}),
+                            {{"DDPRUN_TEST_TAG", tag}}, 60s);
+  EXPECT_EQ(f.exit_code, 1) << describe(f);
+  EXPECT_NE(f.output.find("rank 2 (local rank 0 on node 1, pid "), std::string::npos) << f.output;
+  EXPECT_NE(f.output.find("ddprun: stopped the job on every host"), std::string::npos) << f.output;
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
 // Real cross-host traffic: each node in its own network namespace, joined by a veth pair.
 struct NetnsPair {
   std::string ns[2], dev[2], addr[2];
@@ -484,6 +516,26 @@ void expect_usage_error(const std::vector<std::string>& args, const std::string&
 
 TEST(LaunchBadInput, UnknownOption) {
   expect_usage_error({kDdprun, "--nproc-per-nod", "2", kChild, "hang"}, "unknown option '--nproc-per-nod'");
+}
+
+TEST(LaunchBadInput, HostLists) {
+  expect_usage_error(ddprun({"-H", "a:0"}, {"hang"}), "-H entry 'a:0': slots must be a number from 1 to 1024 (got '0')");
+  expect_usage_error(ddprun({"-H", "a:2,a:1"}, {"hang"}), "-H: host 'a' is listed twice; list it once with all its slots");
+  expect_usage_error(ddprun({"-H", "a:2", "--nnodes", "2"}, {"hang"}),
+                     "--nnodes cannot be used with -H/--hostfile: the host list gives the nodes and each host's "
+                     "ranks (host:slots)");
+  expect_usage_error(ddprun({"-H", "localhost:1,10.213.0.9:1"}, {"hang"}),
+                     "node 0 ('localhost') hosts the rendezvous, but that is a loopback address the other hosts "
+                     "cannot reach");
+  expect_usage_error(ddprun({"-H", "a", "-x", "DDPRUN_SURELY_UNSET"}, {"hang"}),
+                     "-x DDPRUN_SURELY_UNSET: DDPRUN_SURELY_UNSET is not set here; set it, or give "
+                     "-x DDPRUN_SURELY_UNSET=VALUE");
+  expect_usage_error(ddprun({"-x", "A=1"}, {"hang"}), "-x and --ssh only apply with -H/--hostfile");
+  expect_usage_error(ddprun({"--hostfile", "/nonexistent/hosts"}, {"hang"}), "--hostfile /nonexistent/hosts: cannot read it");
+  TempDir dir;
+  std::ofstream(dir.path + "/hosts") << "# two hosts\nnode1 slots=2\nnode2 slot=2\n";
+  expect_usage_error(ddprun({"--hostfile", dir.path + "/hosts"}, {"hang"}),
+                     "--hostfile " + dir.path + "/hosts line 3: expected 'host slots=N', got 'slot=2'");
 }
 
 TEST(LaunchBadInput, ZeroProcesses) {
