@@ -1,7 +1,15 @@
 #pragma once
-// Starting and stopping one rank's process. This is the only platform-specific part of ddprun:
-// process_posix.cpp implements it for Linux/macOS (a Windows backend would be process_win32.cpp
-// with Job Objects; see launch/README.md for what Windows users do today).
+// Starting and stopping one rank's process, implemented by process_posix.cpp.
+//
+// ddprun is a Linux program. Its Linux/glibc-only calls, and where they are:
+//   process_posix.cpp  pipe2, prctl(PR_SET_PDEATHSIG) (a rank dies with ddprun), sigabbrev_np (glibc 2.32+)
+//   signals.cpp        pipe2 (the self-pipe that wakes the supervisor on a signal)
+//   store.cpp          pipe2, accept4 (close-on-exec without a race against a spawning thread)
+//   options.cpp        sched_getaffinity (--nproc-per-node cpu counts the CPUs this process may use)
+// A port to macOS would replace these four files' calls (pipe + fcntl, kqueue's NOTE_EXIT for the
+// parent-death signal, strsignal); Windows would need process_win32.cpp with Job Objects and a
+// Winsock store. The library itself (ddp/, data/, checkpoint/) uses none of them; on Windows,
+// start the ranks by hand with file:// (launch/README.md).
 #include <string>
 #include <vector>
 
