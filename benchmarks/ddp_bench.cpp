@@ -59,7 +59,8 @@ void usage() {
       "  --caps       bucket_cap_mb values for reducer and ours; 0 = one bucket per parameter\n"
       "  --view-caps  bucket sizes for ours_view (gradient_as_bucket_view) and the memory pass\n"
       "  --rounds     interleaved rounds; each runs --steps timed steps of every variant\n"
-      "  --no-features  without ours_join, ours_detail and ours_auto (what Join, DETAIL, autotuning cost)\n"
+      "  --no-features  without ours_join, ours_detail, ours_auto, ours_syncbn (what Join, DETAIL, autotuning,\n"
+      "               SyncBatchNorm cost)\n"
       "  --no-hooks   without the communication hook variants (ours+fp16, ours+bf16, ours+powersgd1/4, reducer+fp16)\n";
 }
 
@@ -167,8 +168,8 @@ void timing_job(const Options& o, const ModelConfig& config, const ddp::ProcessG
   const int world = group->getSize();
   const Batch batch = make_batch(config, rank);
   std::vector<Variant> variants;
-  for (const auto& spec : all_variants(o.caps, o.view_caps, o.features, o.hooks)) {
-    variants.push_back(make_variant(spec, make_model(config), batch, group));
+  for (const auto& spec : all_variants(o.caps, o.view_caps, o.features, o.hooks, config.model == "resnet")) {
+    variants.push_back(make_variant(spec, make_model(config, uses_sync_batchnorm(spec)), batch, group));
   }
   for (auto& variant : variants) {
     variant.run_block([&] {
@@ -243,7 +244,7 @@ bool reset_peak_rss() { return static_cast<bool>(std::ofstream("/proc/self/clear
 // follows what is really alive.
 void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& spec,
                 const ddp::ProcessGroupPtr& group) {
-  auto model = make_model(config);
+  auto model = make_model(config, uses_sync_batchnorm(spec));
   const Batch batch = make_batch(config, group->getRank());
   ddp::barrier(group);
   if (!reset_peak_rss()) throw std::runtime_error("cannot reset the peak RSS (/proc/self/clear_refs)");

@@ -3,6 +3,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include <ddp/sync_batchnorm.h>
+
 namespace bench {
 namespace {
 
@@ -29,15 +31,17 @@ torch::nn::Conv2d conv(int in, int out, int kernel, int stride) {
 }
 
 // conv-BN-ReLU-conv-BN plus the input (through a strided 1x1 conv when the shape changes), ReLU.
+// Norm: torch::nn::BatchNorm2d, or ddp::SyncBatchNorm (the ours_syncbn variant).
+template <typename Norm>
 struct ResidualBlock : torch::nn::Module {
   ResidualBlock(int in, int out, int stride) {
     conv1 = register_module("conv1", conv(in, out, 3, stride));
-    bn1 = register_module("bn1", torch::nn::BatchNorm2d(out));
+    bn1 = register_module("bn1", Norm(out));
     conv2 = register_module("conv2", conv(out, out, 3, 1));
-    bn2 = register_module("bn2", torch::nn::BatchNorm2d(out));
+    bn2 = register_module("bn2", Norm(out));
     if (stride != 1 || in != out) {
       shortcut = register_module("shortcut", conv(in, out, 1, stride));
-      shortcut_bn = register_module("shortcut_bn", torch::nn::BatchNorm2d(out));
+      shortcut_bn = register_module("shortcut_bn", Norm(out));
     }
   }
   at::Tensor forward(const at::Tensor& x) {
@@ -46,20 +50,21 @@ struct ResidualBlock : torch::nn::Module {
     return torch::relu(y + (shortcut ? shortcut_bn->forward(shortcut->forward(x)) : x));
   }
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, shortcut{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr}, shortcut_bn{nullptr};
+  Norm bn1{nullptr}, bn2{nullptr}, shortcut_bn{nullptr};
 };
 
 // 3x32x32 images; a strided stem, then four blocks of 32, 64, 128, 256 channels that halve the
 // resolution each time (the wide layers run on small maps): 1.2M parameters, 20 BatchNorms.
+template <typename Norm>
 struct SmallResNet : BenchNet {
   SmallResNet() {
     stem = register_module("stem", conv(3, 32, 3, 2));
-    stem_bn = register_module("stem_bn", torch::nn::BatchNorm2d(32));
+    stem_bn = register_module("stem_bn", Norm(32));
     const int widths[] = {32, 64, 128, 256};
     int in = 32;
     for (int i = 0; i < 4; ++i) {
       blocks.push_back(register_module("block" + std::to_string(i),
-                                       std::make_shared<ResidualBlock>(in, widths[i], i == 0 ? 1 : 2)));
+                                       std::make_shared<ResidualBlock<Norm>>(in, widths[i], i == 0 ? 1 : 2)));
       in = widths[i];
     }
     head = register_module("head", torch::nn::Linear(in, kClasses));
@@ -70,17 +75,18 @@ struct SmallResNet : BenchNet {
     return head->forward(x.mean({2, 3}));
   }
   torch::nn::Conv2d stem{nullptr};
-  torch::nn::BatchNorm2d stem_bn{nullptr};
-  std::vector<std::shared_ptr<ResidualBlock>> blocks;
+  Norm stem_bn{nullptr};
+  std::vector<std::shared_ptr<ResidualBlock<Norm>>> blocks;
   torch::nn::Linear head{nullptr};
 };
 
 }  // namespace
 
-std::shared_ptr<BenchNet> make_model(const ModelConfig& config) {
+std::shared_ptr<BenchNet> make_model(const ModelConfig& config, bool sync_batchnorm) {
   torch::manual_seed(1);
   if (config.model == "mlp") return std::make_shared<Mlp>(config);
-  if (config.model == "resnet") return std::make_shared<SmallResNet>();
+  if (config.model == "resnet" && sync_batchnorm) return std::make_shared<SmallResNet<ddp::SyncBatchNorm>>();
+  if (config.model == "resnet") return std::make_shared<SmallResNet<torch::nn::BatchNorm2d>>();
   throw std::invalid_argument("unknown model '" + config.model + "' (mlp or resnet)");
 }
 

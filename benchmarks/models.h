@@ -27,7 +27,8 @@ struct Batch {
 };
 
 // Seeded, so every variant starts from the same weights and does the same arithmetic.
-std::shared_ptr<BenchNet> make_model(const ModelConfig& config);
+// sync_batchnorm: the resnet's BatchNorms are ddp::SyncBatchNorm (same weights).
+std::shared_ptr<BenchNet> make_model(const ModelConfig& config, bool sync_batchnorm = false);
 // Each rank draws its own shard (seed depends on rank).
 Batch make_batch(const ModelConfig& config, int rank);
 int64_t parameter_count(const ModelConfig& config);

@@ -21,7 +21,7 @@ struct Options {
   int memory_steps = 3;  // steps after warm-up in the memory pass
   bool memory = true;
   bool hooks = true;     // ours+fp16/bf16/powersgd1/powersgd4 and reducer+fp16 at 25 MiB
-  bool features = true;  // ours_join, ours_detail, ours_auto: what Join, DETAIL and autotuning cost
+  bool features = true;  // ours_join, ours_detail, ours_auto, ours_syncbn: what Join, DETAIL, autotuning, SyncBatchNorm cost
   bool quick = false;
   int timeout_s = 900;   // per job (one world of ranks)
   std::string out = "ddp_bench_out";

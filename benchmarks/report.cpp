@@ -95,7 +95,7 @@ json analyse(const json& raw, const std::map<std::string, json>& memory) {
       row["overlap_efficiency"] = number_or_null(overlap(naive_over_local, vs_local));
     }
     // The features' costs: against ours at the same cap; ours_auto against the fastest fixed cap.
-    if (kind == "ours_join" || kind == "ours_detail") {
+    if (kind == "ours_join" || kind == "ours_detail" || kind == "ours_syncbn") {
       std::ostringstream ours_id;
       ours_id << "ours@" << v["bucket_cap_mb"].get<double>();
       const auto ours = by_id.find(ours_id.str());
@@ -179,13 +179,16 @@ void print_summary(const json& raw, const json& rows, const Options& o) {
                 cap_label(cap).c_str(), get(view, "median_ms"), fixed(get(view, "ratio_vs_reducer")).c_str(),
                 fixed(get(view, "ratio_vs_local")).c_str());
   }
-  for (const char* name : {"ours_join", "ours_detail"}) {
+  const std::pair<const char*, const char*> features[] = {
+      {"ours_join", "inside ddp::Join, even inputs"},
+      {"ours_detail", "TORCH_DISTRIBUTED_DEBUG=DETAIL"},
+      {"ours_syncbn", "every BatchNorm a ddp::SyncBatchNorm"}};
+  for (const auto& [name, what] : features) {
     const json* row = find_row(rows, name);
     if (!row) continue;
     std::printf("  %s @%s MiB (%s): %.2f ms, %s/ours %s\n", name,
-                cap_label((*row)["bucket_cap_mb"].get<double>()).c_str(),
-                std::string(name) == "ours_join" ? "inside ddp::Join, even inputs" : "TORCH_DISTRIBUTED_DEBUG=DETAIL",
-                get(row, "median_ms"), name, fixed(get(row, "ratio_vs_ours")).c_str());
+                cap_label((*row)["bucket_cap_mb"].get<double>()).c_str(), what, get(row, "median_ms"), name,
+                fixed(get(row, "ratio_vs_ours")).c_str());
   }
   if (const json* row = find_row(rows, "ours_auto")) {
     std::printf("  ours_auto (bucket_cap_mb_auto, %s MiB): %.2f ms, ours_auto/ours@%s (the fastest fixed cap) %s\n",

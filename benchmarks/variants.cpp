@@ -194,6 +194,7 @@ std::string VariantSpec::kind_name() const {
     case Kind::ours_powersgd1: return "ours+powersgd1";
     case Kind::ours_powersgd4: return "ours+powersgd4";
     case Kind::reducer_fp16: return "reducer+fp16";
+    case Kind::ours_syncbn: return "ours_syncbn";
   }
   return "?";
 }
@@ -212,7 +213,8 @@ VariantSpec parse_variant(const std::string& id) {
   if (at != std::string::npos) spec.bucket_cap_mb = std::stod(id.substr(at + 1));
   for (Kind kind : {Kind::local, Kind::naive, Kind::naive_flat, Kind::reducer, Kind::ours, Kind::ours_view,
                     Kind::ours_join, Kind::ours_detail, Kind::ours_auto, Kind::ours_fp16, Kind::ours_bf16,
-                    Kind::ours_powersgd1, Kind::ours_powersgd4, Kind::reducer_fp16}) {
+                    Kind::ours_powersgd1, Kind::ours_powersgd4, Kind::reducer_fp16,
+                    Kind::ours_syncbn}) {
     spec.kind = kind;
     if (spec.kind_name() == name) return spec;
   }
@@ -225,7 +227,7 @@ double hook_cap(const std::vector<double>& caps) {
 }
 
 std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std::vector<double>& view_caps,
-                                      bool features, bool hooks) {
+                                      bool features, bool hooks, bool batchnorm) {
   std::vector<VariantSpec> specs{{Kind::local}, {Kind::naive}, {Kind::naive_flat}};
   for (double cap : caps) {
     specs.push_back({Kind::reducer, cap});
@@ -237,6 +239,7 @@ std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std
     specs.push_back({Kind::ours_detail, view_caps.front()});
   }
   if (features) specs.push_back({Kind::ours_auto});
+  if (features && batchnorm && !view_caps.empty()) specs.push_back({Kind::ours_syncbn, view_caps.front()});
   if (hooks) {
     for (Kind kind : {Kind::reducer_fp16, Kind::ours_fp16, Kind::ours_bf16, Kind::ours_powersgd1, Kind::ours_powersgd4}) {
       specs.push_back({kind, hook_cap(caps)});
@@ -244,6 +247,8 @@ std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std
   }
   return specs;
 }
+
+bool uses_sync_batchnorm(const VariantSpec& spec) { return spec.kind == Kind::ours_syncbn; }
 
 Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, const Batch& batch,
                      const ddp::ProcessGroupPtr& group) {
@@ -262,7 +267,8 @@ Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, c
     case Kind::ours_fp16:
     case Kind::ours_bf16:
     case Kind::ours_powersgd1:
-    case Kind::ours_powersgd4: v = ours(model, batch, group, spec); break;
+    case Kind::ours_powersgd4:
+    case Kind::ours_syncbn: v = ours(model, batch, group, spec); break;
   }
   v.spec = spec;
   return v;

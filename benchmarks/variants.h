@@ -29,6 +29,7 @@ enum class Kind {
   ours_powersgd1,  // ours+powersgd1: ddp::hooks::powersgd, rank 1, from the third step
   ours_powersgd4,  // ours+powersgd4: rank 4
   reducer_fp16,    // reducer+fp16: c10d's built-in FP16_COMPRESS hook, the fair peer of ours+fp16
+  ours_syncbn,  // ours on the model with ddp::SyncBatchNorm for every BatchNorm (models with BatchNorm)
 };
 
 struct VariantSpec {
@@ -40,10 +41,11 @@ struct VariantSpec {
 };
 
 // Every kind once, and reducer and ours at each bucket size; ours_view at `view_caps`; with
-// `features`, ours_join and ours_detail at the first view cap and ours_auto; with `hooks`, the
-// hook variants at 25 MiB (or the largest cap without 25).
+// `features`, ours_join and ours_detail at the first view cap and ours_auto, and for a model
+// with BatchNorm (`batchnorm`) ours_syncbn at the first view cap; with `hooks`, the hook variants
+// at 25 MiB (or the largest cap without 25).
 std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std::vector<double>& view_caps,
-                                      bool features, bool hooks);
+                                      bool features, bool hooks, bool batchnorm = false);
 // The cap the hook variants run at.
 double hook_cap(const std::vector<double>& caps);
 VariantSpec parse_variant(const std::string& id);
@@ -61,6 +63,9 @@ struct Variant {
   // What the report prints beside the variant, e.g. ours_auto's chosen cap.
   std::function<std::string()> note = [] { return std::string(); };
 };
+
+// ours_syncbn trains the SyncBatchNorm model (make_model's sync_batchnorm).
+bool uses_sync_batchnorm(const VariantSpec& spec);
 
 // The step works on `model` (which it takes over) and `batch`, synchronizing over `group`.
 Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, const Batch& batch,

@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <utility>
 #include <torch/version.h>
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -76,5 +77,41 @@ c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(const std::string& host, Optio
 // Whether ProcessGroupGloo reduces bfloat16 tensors. LibTorch 1.13's does not ("Invalid scalar
 // type", checked on Debian's 1.13.1); the bf16 hooks then sum by allgather instead.
 inline constexpr bool kGlooReducesBFloat16 = false;
+
+// Autocast's per-thread state for one device type. 1.13 has a set of functions per device
+// (is_cpu_enabled/set_cpu_enabled, is_enabled/set_enabled for CUDA, get_/set_autocast_cpu_dtype,
+// get_/set_autocast_gpu_dtype); 2.4 replaced them with functions taking the device type and made
+// the old names deprecated ones that warn (checked: 1.13's and 2.6's headers).
+inline bool autocast_enabled(c10::DeviceType device_type) {
+#if DDP_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(device_type);
+#else
+  return device_type == c10::kCPU ? at::autocast::is_cpu_enabled() : at::autocast::is_enabled();
+#endif
+}
+inline void set_autocast_enabled(c10::DeviceType device_type, bool enabled) {
+#if DDP_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(device_type, enabled);
+#else
+  device_type == c10::kCPU ? at::autocast::set_cpu_enabled(enabled) : at::autocast::set_enabled(enabled);
+#endif
+}
+inline c10::ScalarType autocast_dtype(c10::DeviceType device_type) {
+#if DDP_TORCH_AT_LEAST(2, 4)
+  return at::autocast::get_autocast_dtype(device_type);
+#else
+  return device_type == c10::kCPU ? at::autocast::get_autocast_cpu_dtype() : at::autocast::get_autocast_gpu_dtype();
+#endif
+}
+inline void set_autocast_dtype(c10::DeviceType device_type, c10::ScalarType dtype) {
+#if DDP_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_dtype(device_type, dtype);
+#else
+  device_type == c10::kCPU ? at::autocast::set_autocast_cpu_dtype(dtype) : at::autocast::set_autocast_gpu_dtype(dtype);
+#endif
+}
+// CPU autocast in float16: 1.13's Python torch.autocast refuses it ("CPU Autocast only supports
+// dtype of torch.bfloat16"); 2.x supports it (we build 2.6).
+inline constexpr bool kCpuAutocastSupportsHalf = DDP_TORCH_AT_LEAST(2, 6);
 
 }  // namespace ddp::compat

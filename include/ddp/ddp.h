@@ -1,7 +1,7 @@
 #pragma once
 // Umbrella header: everything torchddp offers. It lives above the library's folders so that none
-// of them includes another from above: ddp/ (process groups, DDP) is the floor, data/ and
-// checkpoint/ build on it.
+// of them includes another from above: ddp/ (process groups, DDP) is the floor, data/,
+// checkpoint/, amp/ and nn/ build on it.
 #include <ddp/version.h>
 
 // ddp/: process groups, collectives, DistributedDataParallel
@@ -22,3 +22,9 @@
 
 // checkpoint/: rank-0 save, load with map_location
 #include <ddp/checkpoint.h>
+
+// amp/: mixed precision (dynamic loss scaling, autocast scopes)
+#include <ddp/autocast.h>
+#include <ddp/grad_scaler.h>
+// nn/: modules for distributed training
+#include <ddp/sync_batchnorm.h>
