@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include <ddp/distributed_sampler.h>
+#include "error_of.h"
 
 namespace {
 
@@ -246,35 +247,26 @@ TEST(DistributedSampler, UnpaddedShardsCoverEverySampleExactlyOnce) {
 }
 
 // --- bad input ---------------------------------------------------------------------------------------
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const std::invalid_argument& error) {
-    return error.what();
-  }
-  return "(no std::invalid_argument)";
-}
-
 TEST(DistributedSampler, BadInputNamesTheValueAndTheFix) {
-  EXPECT_EQ(error_of([] { ddp::DistributedSampler(10, options(0, 0)); }),
+  EXPECT_EQ(ddp::test::error_of<std::invalid_argument>([] { ddp::DistributedSampler(10, options(0, 0)); }),
             "DistributedSampler: num_replicas must be at least 1, got 0");
-  EXPECT_EQ(error_of([] { ddp::DistributedSampler(10, options(2, 2)); }),
+  EXPECT_EQ(ddp::test::error_of<std::invalid_argument>([] { ddp::DistributedSampler(10, options(2, 2)); }),
             "DistributedSampler: rank 2 is outside [0, 2); pass a rank in [0, num_replicas)");
-  EXPECT_EQ(error_of([] { ddp::DistributedSampler(10, options(2, -1)); }),
+  EXPECT_EQ(ddp::test::error_of<std::invalid_argument>([] { ddp::DistributedSampler(10, options(2, -1)); }),
             "DistributedSampler: rank -1 is outside [0, 2); pass a rank in [0, num_replicas)");
-  EXPECT_EQ(error_of([] { ddp::DistributedSampler(0, options(2, 0).drop_last(true)); }),
+  EXPECT_EQ(ddp::test::error_of<std::invalid_argument>([] { ddp::DistributedSampler(0, options(2, 0).drop_last(true)); }),
             "DistributedSampler: drop_last with dataset_size 0 and num_replicas 2 leaves every rank 0 "
             "samples; use a dataset of at least num_replicas samples or drop_last(false)");
-  EXPECT_EQ(error_of([] { ddp::DistributedSampler(3, options(4, 0).drop_last(true)); }),
+  EXPECT_EQ(ddp::test::error_of<std::invalid_argument>([] { ddp::DistributedSampler(3, options(4, 0).drop_last(true)); }),
             "DistributedSampler: drop_last with dataset_size 3 and num_replicas 4 leaves every rank 0 "
             "samples; use a dataset of at least num_replicas samples or drop_last(false)");
-  EXPECT_EQ(error_of([] { ddp::DistributedSampler(10, ddp::DistributedSamplerOptions().rank(0)); }),
+  EXPECT_EQ(ddp::test::error_of<std::invalid_argument>([] { ddp::DistributedSampler(10, ddp::DistributedSamplerOptions().rank(0)); }),
             "DistributedSampler: num_replicas is unset and no default process group exists; call "
             "ddp::init_process_group first or pass DistributedSamplerOptions().num_replicas(W)");
-  EXPECT_EQ(error_of([] { ddp::DistributedSampler(10, ddp::DistributedSamplerOptions().num_replicas(2)); }),
+  EXPECT_EQ(ddp::test::error_of<std::invalid_argument>([] { ddp::DistributedSampler(10, ddp::DistributedSamplerOptions().num_replicas(2)); }),
             "DistributedSampler: rank is unset and no default process group exists; call "
             "ddp::init_process_group first or pass DistributedSamplerOptions().rank(r)");
-  EXPECT_EQ(error_of([] {
+  EXPECT_EQ(ddp::test::error_of<std::invalid_argument>([] {
               ddp::DistributedSampler sampler(10, options(2, 0));
               sampler.load_state({0, 6});
             }),

@@ -11,6 +11,7 @@
 #include <ddp/fashion_mnist.h>
 
 #include "multiprocess.h"
+#include "error_of.h"
 
 namespace {
 
@@ -32,15 +33,6 @@ void gzip_to(const std::string& path, const std::vector<uint8_t>& bytes) {
   ASSERT_NE(file, nullptr) << path;
   ASSERT_EQ(gzwrite(file, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
   gzclose(file);
-}
-
-std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const std::runtime_error& error) {
-    return error.what();
-  }
-  return "(no std::runtime_error)";
 }
 
 TEST(FashionMNIST, ReadsTheRealTrainAndTestSplits) {
@@ -84,7 +76,7 @@ class BrokenFiles : public ::testing::Test {
 };
 
 TEST_F(BrokenFiles, MissingFileNamesThePathAndThePackage) {
-  EXPECT_EQ(error_of([&] { ddp::FashionMNIST(Split::kTrain, dir_); }),
+  EXPECT_EQ(ddp::test::error_of<std::runtime_error>([&] { ddp::FashionMNIST(Split::kTrain, dir_); }),
             "Fashion-MNIST: cannot open " + dir_ +
                 "/train-images-idx3-ubyte.gz; install Debian's dataset-fashion-mnist package (apt-get "
                 "install dataset-fashion-mnist) or point the data directory (--data-dir) at a folder "
@@ -93,18 +85,18 @@ TEST_F(BrokenFiles, MissingFileNamesThePathAndThePackage) {
 
 TEST_F(BrokenFiles, TruncatedFileNamesExpectedAndActualSize) {
   write_test_split([](std::vector<uint8_t>& bytes) { bytes.resize(bytes.size() - 100); });
-  EXPECT_EQ(error_of([&] { ddp::FashionMNIST(Split::kTest, dir_); }),
+  EXPECT_EQ(ddp::test::error_of<std::runtime_error>([&] { ddp::FashionMNIST(Split::kTest, dir_); }),
             "Fashion-MNIST: " + dir_ +
                 "/t10k-images-idx3-ubyte.gz is truncated: expected 7840016 bytes (header + 10000 images), got 7839916");
   write_test_split([](std::vector<uint8_t>& bytes) { bytes.resize(10); });
-  EXPECT_EQ(error_of([&] { ddp::FashionMNIST(Split::kTest, dir_); }),
+  EXPECT_EQ(ddp::test::error_of<std::runtime_error>([&] { ddp::FashionMNIST(Split::kTest, dir_); }),
             "Fashion-MNIST: " + dir_ + "/t10k-images-idx3-ubyte.gz is truncated: 10 bytes, less than its 16-byte header");
 }
 
 TEST_F(BrokenFiles, WrongMagicNamesExpectedAndActual) {
   // A labels file where the images should be.
   write_test_split([](std::vector<uint8_t>& bytes) { bytes[3] = 0x01; });
-  EXPECT_EQ(error_of([&] { ddp::FashionMNIST(Split::kTest, dir_); }),
+  EXPECT_EQ(ddp::test::error_of<std::runtime_error>([&] { ddp::FashionMNIST(Split::kTest, dir_); }),
             "Fashion-MNIST: " + dir_ +
                 "/t10k-images-idx3-ubyte.gz has magic number 0x00000801, expected 0x00000803 (an IDX image file)");
 }

@@ -7,21 +7,11 @@
 
 #include "models.h"
 #include "multiprocess.h"
+#include "error_of.h"
 
 namespace {
 
 using namespace ddp::test;
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const ddp::CollectiveError& error) {
-    return error.what();
-  } catch (const std::exception& error) {
-    return std::string("not a CollectiveError: ") + error.what();
-  }
-  return "";
-}
 
 void require_mentions(const std::string& message, const std::string& part, const std::string& what) {
   require(message.find(part) != std::string::npos, what + ": expected '" + part + "' in: " + message);
@@ -33,7 +23,7 @@ DDP_WORKER(mismatched_sizes) {
   worker_init(std::chrono::seconds(20));
   const int rank = ddp::get_rank();
   auto tensor = torch::ones({rank == 0 ? 1000 : 999});
-  auto message = error_of([&] { ddp::all_reduce(tensor); });
+  auto message = error_of<ddp::CollectiveError>([&] { ddp::all_reduce(tensor); });
   require_mentions(message, "ddp::all_reduce: the ranks are not running the same collective", "sizes");
   require_mentions(message, "rank 0 runs all_reduce of 1000 Float elements", "sizes");
   require_mentions(message, "rank 1 runs all_reduce of 999 Float elements", "sizes");
@@ -51,18 +41,18 @@ DDP_WORKER(mismatched_ops) {
   worker_init(std::chrono::seconds(20));
   const int rank = ddp::get_rank();
   auto tensor = torch::ones({8});
-  auto ops = error_of([&] {
+  auto ops = error_of<ddp::CollectiveError>([&] {
     if (rank == 0) ddp::broadcast(tensor, 0);
     else ddp::all_reduce(tensor);
   });
   require_mentions(ops, "rank 0 runs broadcast of 8 Float elements from rank 0", "ops");
   require_mentions(ops, "rank 1 runs all_reduce of 8 Float elements", "ops");
-  auto dtypes = error_of([&] {
+  auto dtypes = error_of<ddp::CollectiveError>([&] {
     auto typed = rank == 0 ? torch::ones({8}) : torch::ones({8}, torch::kDouble);
     ddp::all_reduce(typed);
   });
   require_mentions(dtypes, "8 Double elements", "dtypes");
-  auto roots = error_of([&] { ddp::broadcast(tensor, rank); });
+  auto roots = error_of<ddp::CollectiveError>([&] { ddp::broadcast(tensor, rank); });
   require_mentions(roots, "from rank 1", "roots");
 }
 TEST(CollectiveSafety, DifferentCollectivesDtypesOrRootsAreNamed) { EXPECT_WORKERS_OK(run_workers("mismatched_ops", 2)); }
@@ -83,14 +73,14 @@ DDP_WORKER(ddp_never_pairs_with_user) {
   std::string message;
   for (int step = 0; step < steps && message.empty(); ++step) {
     auto [x, y] = batch(step);
-    message = error_of([&] {
+    message = error_of<ddp::CollectiveError>([&] {
       torch::mse_loss(model.forward(shard(x, rank, world)), shard(y, rank, world)).backward();
     });
   }
   if (rank == 1) {
     require(message.empty(), "rank 1's 3 steps failed: " + message);
     auto impostor = torch::full({bucket_numel}, 1e6);
-    message = error_of([&] { ddp::all_reduce(impostor); });
+    message = error_of<ddp::CollectiveError>([&] { ddp::all_reduce(impostor); });
   }
   require(!message.empty(), "rank " + std::to_string(rank) + " finished without an error: its collective paired "
                             "with the other rank's unrelated one");

@@ -11,6 +11,7 @@
 
 #include "models.h"
 #include "multiprocess.h"
+#include "error_of.h"
 
 namespace {
 
@@ -190,15 +191,6 @@ DDP_WORKER(grad_bucket_contents) {
 TEST(CommHooks, GradBucketHoldsRawGradientsInLaunchOrder) { EXPECT_WORKERS_OK(run_workers("grad_bucket_contents", 2)); }
 
 // --- misuse -----------------------------------------------------------------------------------------
-
-std::string error_of(const std::function<void()>& action) {
-  try {
-    action();
-  } catch (const std::exception& error) {
-    return error.what();
-  }
-  return "";
-}
 
 void require_mentions(const std::string& message, const std::string& part, const std::string& what) {
   require(message.find(part) != std::string::npos, what + ": expected '" + part + "' in: " + message);
