@@ -17,6 +17,7 @@
 #include <windows.h>
 #else
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #endif
@@ -41,6 +42,42 @@ int process_id() {
 std::string temporary_path_for(const std::string& path) {
   // Same directory, so the rename never crosses file systems; pid keeps writers apart.
   return path + ".tmp." + std::to_string(process_id());
+}
+
+namespace {
+
+// The writer's pid in a temporary file's name "<name>.tmp.<pid>", or -1 for any other name.
+long writer_of(const std::string& file_name) {
+  const auto at = file_name.rfind(".tmp.");
+  if (at == std::string::npos || at == 0 || at + 5 == file_name.size()) return -1;
+  const std::string digits = file_name.substr(at + 5);
+  if (digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return -1;
+  }
+  return std::stol(digits);
+}
+
+bool process_is_gone(long pid) {
+#ifdef _WIN32
+  (void)pid;
+  return false;  // not checked on Windows: such files are left alone
+#else
+  return pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+#endif
+}
+
+}  // namespace
+
+int remove_orphaned_temporaries(const std::string& directory) {
+  std::error_code error;
+  int removed = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(directory.empty() ? "." : directory, error)) {
+    const long pid = writer_of(entry.path().filename().string());
+    if (pid < 0 || pid == process_id() || !process_is_gone(pid)) continue;
+    std::error_code ignored;  // another process may sweep the same file at the same moment
+    if (entry.is_regular_file(ignored) && std::filesystem::remove(entry.path(), ignored)) ++removed;
+  }
+  return removed;
 }
 
 #ifdef _WIN32
@@ -81,6 +118,8 @@ void write_file_atomically(const std::string& path, const char* data, std::size_
 #else
 
 void write_file_atomically(const std::string& path, const char* data, std::size_t size) {
+  // A writer killed mid-write (SIGKILL, OOM) left its temporary file behind: nothing else removes it.
+  remove_orphaned_temporaries(std::filesystem::path(path).parent_path().string());
   const std::string temporary = temporary_path_for(path);
   const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail("open of " + temporary, path, errno);

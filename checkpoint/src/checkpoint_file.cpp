@@ -7,6 +7,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -24,6 +25,7 @@ namespace {
 constexpr char kDevicesRecord[] = "ddp_devices";
 constexpr std::size_t kEocdSize = 22;
 constexpr char kEocdSignature[] = {'P', 'K', 5, 6};
+constexpr char kZipSignature[] = {'P', 'K', 3, 4};  // a zip archive's first local file header
 // ASCII on purpose: hex digits can never form the binary EOCD signature a reader searches for.
 constexpr char kTrailerPrefix[] = "torchddp-checkpoint v1 bytes=";
 constexpr char kTrailerFormat[] = "torchddp-checkpoint v1 bytes=%016" PRIx64 " crc32=%08" PRIx32 "\n";
@@ -44,6 +46,17 @@ bool ends_with_plain_eocd(const std::vector<char>& bytes) {
   if (bytes.size() < kEocdSize) return false;
   const char* eocd = bytes.data() + bytes.size() - kEocdSize;
   return std::memcmp(eocd, kEocdSignature, 4) == 0 && eocd[20] == 0 && eocd[21] == 0;
+}
+
+// "68 65 6c 6c" for the bytes "hell".
+std::string hex_bytes(const char* data, std::size_t size) {
+  std::string text;
+  for (std::size_t i = 0; i < size; ++i) {
+    char byte[4];
+    std::snprintf(byte, sizeof(byte), "%s%02x", i ? " " : "", static_cast<unsigned char>(data[i]));
+    text += byte;
+  }
+  return text;
 }
 
 std::string hex32(uint32_t value) {
@@ -158,16 +171,39 @@ void seal_archive(std::vector<char>& zip) {
 }
 
 std::vector<char> read_checkpoint_file(const std::string& path, bool allow_plain) {
+  // 1. A regular file only, read up to the size it has now: a directory fails obscurely in a
+  //    stream, and a device such as /dev/zero would be read until memory runs out.
+  std::error_code error;
+  const auto status = std::filesystem::status(path, error);
+  if (std::filesystem::is_directory(status)) {
+    throw CheckpointError("cannot read checkpoint " + path + ": it is a directory, not a checkpoint file "
+                          "(ddp::latest_checkpoint(dir) finds the newest checkpoint in a directory)");
+  }
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    throw CheckpointError("cannot read checkpoint " + path + ": it is not a regular file (a device, pipe or socket)");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw CheckpointError("cannot open checkpoint " + path + ": " + std::strerror(errno));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto expected = std::filesystem::file_size(path, error);
+  if (error) throw CheckpointError("cannot read checkpoint " + path + ": " + error.message());
+  std::vector<char> bytes(static_cast<std::size_t>(expected));
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   if (in.bad()) throw CheckpointError("cannot read checkpoint " + path);
+  bytes.resize(static_cast<std::size_t>(in.gcount()));
   const std::size_t size = bytes.size();
 
+  // 2. The trailer: present, intact, and agreeing with the size and CRC-32.
   const bool has_trailer =
       size >= kTrailerSize + kEocdSize &&
       std::memcmp(bytes.data() + size - kTrailerSize, kTrailerPrefix, sizeof(kTrailerPrefix) - 1) == 0;
   if (!has_trailer) {
+    // Without one: not a checkpoint at all (every checkpoint, even a cut one, starts as a zip
+    // archive does), a plain PyTorch file, or a cut write.
+    const std::size_t head = std::min<std::size_t>(size, sizeof(kZipSignature));
+    if (head > 0 && std::memcmp(bytes.data(), kZipSignature, head) != 0) {
+      throw CheckpointError(path + " is not a torchddp checkpoint: it is not a zip archive (its first bytes are " +
+                            hex_bytes(bytes.data(), head) + ", a checkpoint's are 50 4b 03 04)");
+    }
     if (ends_with_plain_eocd(bytes)) {
       if (allow_plain) return bytes;
       throw CheckpointError(path + " is a plain PyTorch file without a torchddp checkpoint trailer "

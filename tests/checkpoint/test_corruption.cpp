@@ -159,11 +159,27 @@ TEST_F(Corruption, OtherFilesAreNamedForWhatTheyAre) {
   ddp::save_state_dict(weights, *model_);
   EXPECT_EQ(load_error(weights), weights + " holds a model state but no training state (written by "
                                            "save_state_dict?); read it with ddp::load_state_dict(path)");
-  // Garbage that happens to end like a sealed file is still not loaded as a model.
+  // A text file is named as what it is not, rather than as a cut checkpoint.
   const std::string text = dir_ + "/text.pt";
   std::ofstream(text) << "hello";
-  EXPECT_EQ(load_error(text), "checkpoint " + text + " is truncated at byte 5: its end-of-checkpoint trailer "
-                                                     "is missing (an interrupted write or a cut copy)");
+  EXPECT_EQ(load_error(text), text + " is not a torchddp checkpoint: it is not a zip archive (its first bytes are "
+                                     "68 65 6c 6c, a checkpoint's are 50 4b 03 04)");
+}
+
+// Paths that are not checkpoint files at all: each is a CheckpointError naming the path, and no
+// read runs away (/dev/zero would otherwise be read until memory ran out).
+TEST_F(Corruption, NonFilesAndForeignFilesAreNamedAsSuch) {
+  EXPECT_EQ(load_error(dir_), "cannot read checkpoint " + dir_ + ": it is a directory, not a checkpoint file "
+                                  "(ddp::latest_checkpoint(dir) finds the newest checkpoint in a directory)");
+  EXPECT_EQ(load_error("/dev/zero"), "cannot read checkpoint /dev/zero: it is not a regular file (a device, pipe "
+                                     "or socket)");
+  EXPECT_TRUE(contains(load_error("/etc/passwd"), "/etc/passwd is not a torchddp checkpoint: it is not a zip archive"))
+      << load_error("/etc/passwd");
+  const std::string random = dir_ + "/random.pt";
+  std::ofstream(random, std::ios::binary).write("\x7f" "ELF\x02\x01\x01\x00", 8);
+  EXPECT_EQ(load_error(random), random + " is not a torchddp checkpoint: it is not a zip archive (its first bytes "
+                                         "are 7f 45 4c 46, a checkpoint's are 50 4b 03 04)");
+  EXPECT_EQ(load_error(dir_ + "/missing.pt"), "cannot open checkpoint " + dir_ + "/missing.pt: No such file or directory");
 }
 
 }  // namespace

@@ -39,6 +39,16 @@ void save_version(const std::string& path, Large& model, int64_t k) {
   ddp::save_checkpoint(path, model, nullptr, state);
 }
 
+// The temporary files ("*.tmp.<pid>") in `dir`.
+std::vector<std::string> temporaries_in(const std::string& dir) {
+  std::vector<std::string> found;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.find(".tmp.") != std::string::npos) found.push_back(name);
+  }
+  return found;
+}
+
 // Worker: rewrites the same checkpoint forever with increasing versions until killed.
 DDP_WORKER(rewrite_checkpoint_forever) {
   const std::string path = ddp::test::shared_dir() + "/ckpt.pt";
@@ -92,10 +102,8 @@ TEST(CrashSafety, KillNineDuringWritesAlwaysLeavesALoadableCheckpoint) {
     ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "writer ended on its own: " << status;
     // A leftover temporary file means the kill landed inside a write.
     const std::string temporary = path + ".tmp." + std::to_string(pid);
-    if (std::filesystem::exists(temporary)) {
-      ++killed_mid_write;
-      std::filesystem::remove(temporary);
-    }
+    // It stays: the next writer's save removes it (checked after the loop).
+    if (std::filesystem::exists(temporary)) ++killed_mid_write;
 
     Large loaded;
     ddp::TrainingState state;
@@ -112,6 +120,27 @@ TEST(CrashSafety, KillNineDuringWritesAlwaysLeavesALoadableCheckpoint) {
   EXPECT_GE(killed_mid_write, kMinMidWrite) << "too few kills landed during a write";
   std::cout << "[ crash    ] " << killed_mid_write << " of " << kill_number << " kills landed mid-write; "
             << "last complete version " << last_version << std::endl;
+  // Each killed writer's temporary file was removed by the next save: after one more, none is left.
+  save_version(path, model, last_version + 1);
+  EXPECT_EQ(temporaries_in(dir), std::vector<std::string>{}) << "temporary files of killed writers left behind";
+  ddp::test::remove_tree(dir);
+}
+
+// What a save sweeps: "<name>.tmp.<pid>" files of processes that no longer exist, and nothing else.
+TEST(CrashSafety, ASaveRemovesTheTemporaryFilesOfDeadWritersOnly) {
+  const std::string dir = ddp::test::make_temp_dir("ckpt-orphans");
+  const pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  ASSERT_EQ(waitpid(gone, nullptr, 0), gone);  // reaped: no process has this pid now
+  const std::string orphan = dir + "/checkpoint-00000003.pt.tmp." + std::to_string(gone);
+  const std::string live = dir + "/checkpoint-00000003.pt.tmp." + std::to_string(getppid());
+  const std::string other = dir + "/notes.tmp.txt";
+  for (const auto& file : {orphan, live, other}) std::ofstream(file) << "partial";
+  Large model;
+  save_version(dir + "/checkpoint-00000004.pt", model, 4);
+  EXPECT_FALSE(std::filesystem::exists(orphan)) << "the dead writer's temporary file is still there";
+  EXPECT_TRUE(std::filesystem::exists(live)) << "a live process's temporary file was removed";
+  EXPECT_TRUE(std::filesystem::exists(other)) << "a file of another kind was removed";
   ddp::test::remove_tree(dir);
 }
 

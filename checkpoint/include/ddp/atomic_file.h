@@ -14,4 +14,12 @@ void write_file_atomically(const std::string& path, const char* data, std::size_
 // The name of the temporary file write_file_atomically uses for `path` in this process.
 std::string temporary_path_for(const std::string& path);
 
+// Removes the temporary files ("<name>.tmp.<pid>") in `directory` whose writer process no longer
+// exists on this machine: what a writer killed during write_file_atomically leaves behind. Called
+// by write_file_atomically (so every save cleans its directory); returns how many it removed.
+// Files of live processes, and any other file, are left alone. A directory shared between machines
+// must not have two machines writing into it at once (a pid is only checked on this machine).
+// On Windows nothing is removed.
+int remove_orphaned_temporaries(const std::string& directory);
+
 }  // namespace ddp
