@@ -115,6 +115,13 @@ LaunchEnvironment launch_environment(const Lookup& lookup) {
   if (!get(lookup, restarts.c_str()).empty()) {
     env.restart_count = parse_int(get(lookup, restarts.c_str()), restarts, 0, 1 << 20);
   }
+  if (!get(lookup, "TORCHDDP_RUN_ID").empty()) {
+    env.run_id = get(lookup, "TORCHDDP_RUN_ID");
+  } else if (!get(lookup, "TORCHELASTIC_RUN_ID").empty()) {
+    env.run_id = get(lookup, "TORCHELASTIC_RUN_ID");
+  } else if (!get(lookup, "SLURM_JOB_ID").empty()) {
+    env.run_id = "slurm-" + get(lookup, "SLURM_JOB_ID") + "." + get(lookup, "SLURM_STEP_ID");
+  }
   auto master_from_variables = [&] {
     env.master_addr = get(lookup, "MASTER_ADDR");
     if (!get(lookup, "MASTER_PORT").empty()) env.master_port = parse_int(get(lookup, "MASTER_PORT"), "MASTER_PORT", 1, 65535);

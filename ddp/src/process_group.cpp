@@ -1,9 +1,12 @@
 // Rendezvous and the default process group.
 #include "ddp/process_group.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <thread>
 #include <sstream>
 #include <stdexcept>
 
@@ -90,32 +93,105 @@ std::string describe_ranks(const std::vector<int>& ranks) {
   return out.str();
 }
 
-// Every rank announces itself, then waits for all others: when one never comes, the error says
-// which ranks were missing instead of a generic store timeout.
-void rendezvous(c10d::Store& store, int rank, int world_size, std::chrono::milliseconds timeout,
-                const std::string& where, const std::string& stage = "rendezvous") {
-  store.set("ddp/" + stage + "/rank_" + std::to_string(rank), std::vector<uint8_t>{'1'});
-  std::vector<std::string> keys;
-  for (int r = 0; r < world_size; ++r) {
-    keys.push_back("ddp/" + stage + "/rank_" + std::to_string(r));
+// The rendezvous. Every rank announces itself and waits for all the others, checking on the way
+// what a plain store wait would hide, so that a mis-started job fails at once with a message
+// naming the fault instead of hanging or pairing wrong ranks:
+//   1. the job: the first rank to arrive records its run id (launch_environment.h); a rank of
+//      another job that reached this store (two jobs on one MASTER_PORT) is refused before it
+//      touches anything of this job;
+//   2. the world size: the first rank records it; a rank started with another one is refused;
+//   3. the rank: each rank claims its number with an atomic add; a second claimant (the same
+//      RANK given to two processes) is refused;
+//   4. the wait, polling: ends when every rank has announced itself, when a refusal from steps 2-3
+//      appears (published under ".../error", so every rank fails with the same message at once),
+//      when the store goes away (its host, rank 0, exited), or at the timeout, naming the ranks
+//      that never came.
+// The second stage ("connected", after the backend connected) only waits (step 4).
+struct Arrival {
+  std::string stage;     // key namespace: "rendezvous" or "connected"
+  int rank = 0;
+  int world_size = 1;
+  std::string run_id;    // "" when the launcher gave none
+  bool check_identity = false;  // steps 1-3
+};
+
+std::vector<uint8_t> bytes_of(const std::string& text) { return {text.begin(), text.end()}; }
+std::string text_of(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+
+[[noreturn]] void refuse(c10d::Store& store, const Arrival& me, const std::string& message) {
+  const std::string full = "ddp::init_process_group: " + message;
+  store.set("ddp/" + me.stage + "/error", bytes_of(full));  // the other ranks' step 4 sees it
+  throw std::runtime_error(full);
+}
+
+void check_identity(c10d::Store& store, const Arrival& me, const std::string& where) {
+  const std::string prefix = "ddp/" + me.stage + "/";
+  // 1. The same job. compareSet with an empty expected value sets the key if it is absent and
+  //    returns what the key holds: the first arrival's value.
+  const std::string run = me.run_id.empty() ? "(none)" : me.run_id;
+  const std::string first_run = text_of(store.compareSet(prefix + "run_id", {}, bytes_of(run)));
+  if (first_run != run) {
+    throw std::runtime_error("ddp::init_process_group: rank " + std::to_string(me.rank) + " reached a store at " +
+                             where + " that belongs to another job (run id '" + first_run + "', this rank's is '" +
+                             run + "'): two jobs are using the same MASTER_PORT. Give each job its own port "
+                             "(ddprun --master-port, or MASTER_PORT)");
   }
+  // 2. The same world size.
+  const std::string world = std::to_string(me.world_size);
+  const std::string first_world = text_of(store.compareSet(prefix + "world_size", {}, bytes_of(world)));
+  if (first_world != world) {
+    refuse(store, me, "the ranks disagree on WORLD_SIZE: rank " + std::to_string(me.rank) + " was started with " +
+                          world + ", a rank that arrived before it with " + first_world +
+                          ". Start every rank with the same WORLD_SIZE");
+  }
+  // 3. Each rank once.
+  const int64_t claims = store.add(prefix + "claims_" + std::to_string(me.rank), 1);
+  if (claims > 1) {
+    refuse(store, me, "RANK=" + std::to_string(me.rank) + " was given to " + std::to_string(claims) +
+                          " processes: each of the ranks 0.." + std::to_string(me.world_size - 1) +
+                          " must be started exactly once (check the RANK each process gets)");
+  }
+}
+
+void rendezvous(c10d::Store& store, const Arrival& me, std::chrono::milliseconds timeout, const std::string& where) {
+  const auto start = std::chrono::steady_clock::now();
+  const std::string prefix = "ddp/" + me.stage + "/";
+  std::vector<std::string> keys;
+  for (int r = 0; r < me.world_size; ++r) keys.push_back(prefix + "rank_" + std::to_string(r));
+  const auto waited = [&] {
+    std::ostringstream text;
+    text << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return text.str();
+  };
   try {
-    store.wait(keys, timeout);
-  } catch (const std::exception& error) {
-    std::vector<int> missing;
-    for (int r = 0; r < world_size; ++r) {
-      try {
-        if (!store.check({keys[r]})) missing.push_back(r);
-      } catch (const std::exception&) {
-        missing.push_back(r);
+    if (me.check_identity) check_identity(store, me, where);
+    store.set(keys[me.rank], bytes_of("1"));
+    // 4. Wait, polling with a growing interval (5 ms to 200 ms): cheap for the store, quick to notice.
+    auto pause = std::chrono::milliseconds(5);
+    while (!store.check(keys)) {
+      if (store.check({prefix + "error"})) throw std::runtime_error(text_of(store.get(prefix + "error")));
+      if (std::chrono::steady_clock::now() - start >= timeout) {
+        std::vector<int> missing;
+        for (int r = 0; r < me.world_size; ++r) {
+          if (!store.check({keys[r]})) missing.push_back(r);
+        }
+        std::ostringstream message;
+        message << "ddp::init_process_group: rank " << me.rank << " waited " << waited() << " s at " << where
+                << " for ranks [" << describe_ranks(missing) << "] of world_size " << me.world_size
+                << ", which never joined. Check that every rank was started with the same init_method and "
+                   "WORLD_SIZE, and that none of them failed before reaching init_process_group";
+        throw std::runtime_error(message.str());
       }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::milliseconds(200));
     }
-    std::ostringstream message;
-    message << "rank " << rank << " waited " << timeout.count() / 1000.0 << " s at " << where
-            << " for ranks [" << describe_ranks(missing) << "] of world_size " << world_size
-            << ", which never joined. Check that every rank was started with the same "
-            << "init_method and WORLD_SIZE. (" << error.what() << ")";
-    throw std::runtime_error("ddp::init_process_group: " + message.str());
+  } catch (const std::exception& error) {
+    if (std::string(error.what()).rfind("ddp::init_process_group: ", 0) == 0) throw;
+    // The store itself failed: its host went away while we waited.
+    throw std::runtime_error("ddp::init_process_group: rank " + std::to_string(me.rank) +
+                             " lost the store at " + where + " after " + waited() +
+                             " s: the process hosting it (rank 0, or the launcher) exited or crashed. (" +
+                             error.what() + ")");
   }
 }
 
@@ -140,6 +216,10 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
     fail("no launcher variables are set (RANK/WORLD_SIZE from ddprun or torchrun, SLURM_PROCID from srun, "
          "OMPI_COMM_WORLD_RANK from mpirun) and InitOptions.require_launcher is true: start the program with a "
          "launcher, or pass InitOptions.rank and world_size");
+  }
+  if (options.timeout.count() <= 0) {
+    fail("InitOptions.timeout must be positive, got " + std::to_string(options.timeout.count()) +
+         " ms: it bounds the rendezvous and every collective (PyTorch's default is 30 minutes)");
   }
   const int world_size = options.world_size >= 0 ? options.world_size : launch.world_size;
   if (world_size < 1) fail("world_size=" + std::to_string(world_size) + " must be at least 1");
@@ -174,7 +254,7 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
   const std::string& method = options.init_method;
   c10::intrusive_ptr<c10d::Store> store;
   std::string master_host = "127.0.0.1";
-  const std::string where = method;
+  std::string where = method;  // for messages: the method, and the store's address under env://
   if (alone && method.rfind("env://", 0) == 0) {
     store = c10::make_intrusive<c10d::HashStore>();  // a world of one meets no one
   } else if (method.rfind("env://", 0) == 0 || method.rfind("tcp://", 0) == 0) {
@@ -192,6 +272,7 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
                        "use the host name or IP address of rank 0's machine");
     }
     master_host = endpoint.host;
+    if (method.rfind("env://", 0) == 0) where = method + " (" + endpoint.host + ":" + std::to_string(endpoint.port) + ")";
     c10d::TCPStoreOptions store_options;
     store_options.port = static_cast<std::uint16_t>(endpoint.port);
     // torchrun 2.x hosts the store in its agent (TORCHELASTIC_USE_AGENT_STORE): every rank is a client.
@@ -227,15 +308,16 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
          "': use env:// (MASTER_ADDR/MASTER_PORT), tcp://host:port or file:///path");
   }
   store->setTimeout(options.timeout);
-  rendezvous(*store, rank, world_size, options.timeout, where);
+  rendezvous(*store, Arrival{"rendezvous", rank, world_size, launch.run_id, /*check_identity=*/true},
+             options.timeout, where);
 
   ProcessGroupPtr group =
       detail::make_group(detail::GroupRecipe{backend, store, rank, world_size, options.timeout, master_host}, backend);
   // Return only once every rank has finished connecting (like torch.distributed's store-based
   // barrier): a rank that finishes first and exits at once would otherwise break a peer still in
   // Gloo's connectFullMesh ("Connection closed by peer").
-  rendezvous(*store, rank, world_size, options.timeout, where + " (after connecting " + backend + ")",
-             "connected");
+  rendezvous(*store, Arrival{"connected", rank, world_size}, options.timeout,
+             where + " (after connecting " + backend + ")");
   return group;
 }
 

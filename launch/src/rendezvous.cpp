@@ -1,5 +1,8 @@
 #include "rendezvous.h"
 
+#include <cstdint>
+#include <cstdio>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -17,6 +20,15 @@ std::chrono::milliseconds to_ms(double seconds) {
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000));
 }
 
+// 64 random bits as hex: a job's run id.
+std::string random_run_id() {
+  std::random_device random;
+  const uint64_t bits = (static_cast<uint64_t>(random()) << 32) ^ random();
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(bits));
+  return text;
+}
+
 // One node: the world is this node's ranks; MASTER_PORT is --master-port (or a free one).
 class LocalRendezvous : public Rendezvous {
  public:
@@ -29,7 +41,7 @@ class LocalRendezvous : public Rendezvous {
                        " is already in use on this host: pick another port, or use --standalone");
     }
   }
-  RoundInfo join(int, bool (*)()) override { return {nproc_, 0, addr_, port_}; }
+  RoundInfo join(int, bool (*)()) override { return {nproc_, 0, addr_, port_, run_id_}; }
   void report_failure(int, const std::string&) override {}
   std::optional<std::string> peer_failure(int) override { return std::nullopt; }
   std::optional<std::string> finish(int, bool (*)()) override { return std::nullopt; }
@@ -38,6 +50,7 @@ class LocalRendezvous : public Rendezvous {
   int nproc_;
   std::string addr_;
   int port_;
+  std::string run_id_ = random_run_id();
 };
 
 bool stop_signal_seen() { return stop_signal() != 0; }
@@ -78,10 +91,13 @@ class StoreRendezvous : public Rendezvous {
     if (store_->add(p + "claim/" + std::to_string(node_), 1) > 1) {
       throw RendezvousError("two launchers were started with --node-rank " + std::to_string(node_));
     }
-    if (node_ == 0) store_->set(p + "port", std::to_string(pick_free_port()));
+    if (node_ == 0) {
+      store_->set(p + "port", std::to_string(pick_free_port()));
+      store_->set(p + "run_id", random_run_id());
+    }
     store_->set(p + "nproc/" + std::to_string(node_), std::to_string(nproc_));
 
-    // Node 0 writes the port before its own count, so all counts present means the port is too.
+    // Node 0 writes the port and run id before its own count, so all counts present means they are too.
     RoundInfo info;
     info.master_addr = addr_;
     const auto deadline = Clock::now() + timeout_;
@@ -103,6 +119,7 @@ class StoreRendezvous : public Rendezvous {
       info.world_size += std::stoi(*count);
     }
     info.master_port = std::stoi(store_->get(p + "port").value_or("0"));
+    info.run_id = store_->get(p + "run_id").value_or("");
     return info;
   }
 

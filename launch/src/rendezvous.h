@@ -19,6 +19,9 @@ struct RoundInfo {
   int rank_offset = 0;  // global rank of this node's local rank 0
   std::string master_addr;
   int master_port = 0;  // what the ranks get as MASTER_PORT
+  // What the ranks get as TORCHDDP_RUN_ID: the same on every node of this job, different for any
+  // other job, so ranks of two jobs that meet at one store refuse each other (process_group.cpp).
+  std::string run_id;
 };
 
 // The rendezvous could not complete (a node missing, the master unreachable).

@@ -189,6 +189,7 @@ std::vector<std::string> rank_environment(const Options& options, const RoundInf
       {"MASTER_ADDR", info.master_addr},
       {"MASTER_PORT", std::to_string(info.master_port)},
       {"DDPRUN_RESTART_COUNT", std::to_string(round)},
+      {"TORCHDDP_RUN_ID", info.run_id},
       {"DDPRUN_MAX_RESTARTS", std::to_string(options.max_restarts)},
   };
   std::vector<std::string> env;

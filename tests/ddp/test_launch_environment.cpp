@@ -52,6 +52,23 @@ TEST(LaunchEnvironment, PyTorchJobAndDdprun) {
   EXPECT_EQ(env.restart_count, 1);
 }
 
+// The run id the rendezvous compares (two jobs on one port refuse each other): ddprun's, else
+// torchrun's --rdzv-id, else the Slurm job step; none without a launcher that says.
+TEST(LaunchEnvironment, RunIdFromEachLauncher) {
+  const Vars rank_vars{{"RANK", "0"}, {"WORLD_SIZE", "1"}};
+  auto with = [&](Vars extra) {
+    extra.insert(rank_vars.begin(), rank_vars.end());
+    return detect(extra).run_id;
+  };
+  EXPECT_EQ(with({{"TORCHDDP_RUN_ID", "0123abcd"}, {"TORCHELASTIC_RUN_ID", "none"}}), "0123abcd");
+  EXPECT_EQ(with({{"TORCHELASTIC_RUN_ID", "job7"}}), "job7");
+  EXPECT_EQ(detect({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_LOCALID", "0"}, {"SLURM_JOB_NODELIST", "n1"},
+                    {"SLURM_JOB_ID", "42"}, {"SLURM_STEP_ID", "3"}})
+                .run_id,
+            "slurm-42.3");
+  EXPECT_EQ(with({}), "");
+}
+
 // srun -n 4 over node[3-4] (2 tasks each): task 3 is the second task on node4.
 TEST(LaunchEnvironment, SlurmTaskFindsTheFirstNodeAndAPortFromTheJob) {
   const auto env = detect({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "1"},

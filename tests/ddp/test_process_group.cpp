@@ -100,6 +100,95 @@ TEST(ProcessGroup, MissingRankTimesOutNamingIt) {
   EXPECT_WORKERS_OK(ddp::test::run_workers("missing_rank", 2));
 }
 
+// A mis-started job fails at the rendezvous on every rank with a message naming the fault, long
+// before the (20 s) timeout: each rank checks that init_process_group throws a message holding
+// EXPECTED (or, where set for its rank, EXPECTED_<rank>) within 10 s.
+DDP_WORKER(rendezvous_fault) {
+  const int rank = ddp::test::worker_rank();
+  if (const char* delay = std::getenv("DELAY_MS")) {  // arrive after the others
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(delay)));
+  }
+  if (std::getenv("EXIT_AFTER_MS")) {  // the store's host goes away while the others wait
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(std::getenv("EXIT_AFTER_MS"))));
+      std::_Exit(0);
+    }).detach();
+  }
+  const char* own = std::getenv(("EXPECTED_" + std::to_string(rank)).c_str());
+  const std::string expected = own ? own : std::getenv("EXPECTED");
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    ddp::test::worker_init(std::chrono::seconds(20));
+  } catch (const std::exception& error) {
+    const std::string message = error.what();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    require(message.find(expected) != std::string::npos, "expected '" + expected + "' in: " + message);
+    require(seconds < 10, "the fault was named only after " + std::to_string(seconds) + " s: " + message);
+    std::cout << "rank " << rank << " after " << seconds << " s: " << message << std::endl;
+    return;
+  }
+  ddp::test::fail("init_process_group succeeded in a mis-started job");
+}
+
+// RANK=1 given to two processes (world 3, the third process also gets RANK=1): rank 2 never
+// comes, and without the check rank 0 and both ranks 1 would wait out the timeout.
+TEST(ProcessGroup, DuplicateRankIsNamedOnEveryRank) {
+  ddp::test::RunOptions options;
+  options.env = {{"EXPECTED", "RANK=1 was given to 2 processes: each of the ranks 0..2 must be started exactly once"}};
+  options.rank_env = {{2, {{"RANK", "1"}}}};
+  EXPECT_WORKERS_OK(ddp::test::run_workers("rendezvous_fault", 3, options));
+}
+
+// WORLD_SIZE 2 on rank 0, 3 on rank 1 (which arrives second): both fail naming the disagreement.
+TEST(ProcessGroup, MismatchedWorldSizeIsNamedOnEveryRank) {
+  ddp::test::RunOptions options;
+  options.env = {{"EXPECTED", "the ranks disagree on WORLD_SIZE: rank 1 was started with 3, a rank that arrived "
+                              "before it with 2. Start every rank with the same WORLD_SIZE"}};
+  options.rank_env = {{1, {{"WORLD_SIZE", "3"}, {"DELAY_MS", "500"}}}};
+  EXPECT_WORKERS_OK(ddp::test::run_workers("rendezvous_fault", 2, options));
+}
+
+// A rank of another job reaching this job's store (two jobs on one MASTER_PORT) is refused; it
+// leaves this job's keys alone, so this job's rank 0 merely misses its rank 1 (short timeout here).
+DDP_WORKER(other_job) {
+  const int rank = ddp::test::worker_rank();
+  if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));  // job A's rank 0 is first
+  try {
+    ddp::test::worker_init(std::chrono::seconds(3));
+  } catch (const std::exception& error) {
+    const std::string message = error.what();
+    const std::string expected = rank == 1 ? "that belongs to another job (run id 'job-a', this rank's is 'job-b'): "
+                                             "two jobs are using the same MASTER_PORT"
+                                           : "for ranks [1] of world_size 2, which never joined";
+    require(message.find(expected) != std::string::npos, "expected '" + expected + "' in: " + message);
+    return;
+  }
+  ddp::test::fail("a rank of another job joined this one");
+}
+TEST(ProcessGroup, ARankOfAnotherJobIsRefused) {
+  ddp::test::RunOptions options;
+  options.env = {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(ddp::test::free_port())},
+                 {"TORCHDDP_RUN_ID", "job-a"}};
+  options.rank_env = {{1, {{"TORCHDDP_RUN_ID", "job-b"}}}};
+  EXPECT_WORKERS_OK(ddp::test::run_workers("other_job", 2, options));
+}
+
+// Rank 0 hosts the TCP store and exits after 1.5 s while rank 1 waits for the absent rank 2: rank 1
+// says it lost the store (not "waited 20 s", not a list of missing ranks that includes itself).
+TEST(ProcessGroup, LosingTheStoreHostIsNamedAtOnce) {
+  ddp::test::RunOptions options;
+  options.env = {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(ddp::test::free_port())},
+                 {"EXPECTED", "(never checked: rank 0 exits)"},
+                 {"EXPECTED_1", "rank 1 lost the store at env:// (127.0.0.1:"}};
+  options.rank_env = {{0, {{"EXIT_AFTER_MS", "1500"}}}, {1, {{"WORLD_SIZE", "3"}}}};
+  options.rank_env[0]["WORLD_SIZE"] = "3";
+  auto results = ddp::test::run_workers("rendezvous_fault", 2, options);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[1].exit_code, 0) << results[1].output;
+  EXPECT_NE(results[1].output.find("the process hosting it (rank 0, or the launcher) exited or crashed"),
+            std::string::npos) << results[1].output;
+}
+
 DDP_WORKER(unreachable_master) {
   ddp::InitOptions options;
   options.backend = "gloo";
@@ -249,6 +338,15 @@ TEST(ProcessGroupBadInput, TcpUnresolvableHost) {
                          "'tcp://torchddp-no-such-host.invalid:29500' cannot be resolved"),
             std::string::npos) << message;
   EXPECT_NE(message.find("use the host name or IP address of rank 0's machine"), std::string::npos) << message;
+}
+
+TEST(ProcessGroupBadInput, ZeroTimeout) {
+  ddp::InitOptions options{"gloo"};
+  options.timeout = std::chrono::milliseconds(0);
+  auto message = init_error(options, {{"WORLD_SIZE", "1"}, {"RANK", "0"}});
+  EXPECT_NE(message.find("InitOptions.timeout must be positive, got 0 ms: it bounds the rendezvous and every "
+                         "collective"),
+            std::string::npos) << message;
 }
 
 TEST(ProcessGroupBadInput, UnknownBackend) {

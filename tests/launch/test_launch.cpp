@@ -77,7 +77,7 @@ std::string pids_text(const std::vector<int>& pids) {
 
 // Checks every rank's result file of a world of `world` ranks.
 void expect_world(const std::string& dir, int world, int local_world, int restart = 0) {
-  std::string port;
+  std::string port, run_id;
   for (int rank = 0; rank < world; ++rank) {
     auto r = read_result(dir, rank);
     ASSERT_FALSE(r.empty()) << "rank " << rank << " wrote no result";
@@ -93,6 +93,10 @@ void expect_world(const std::string& dir, int world, int local_world, int restar
     EXPECT_EQ(r["DDPRUN_RESTART_COUNT"], std::to_string(restart));
     if (rank == 0) port = r["MASTER_PORT"];
     EXPECT_EQ(r["MASTER_PORT"], port) << "ranks disagree on MASTER_PORT";
+    // One job, one run id (16 hex digits), on every node.
+    if (rank == 0) run_id = r["TORCHDDP_RUN_ID"];
+    EXPECT_EQ(r["TORCHDDP_RUN_ID"].size(), 16u) << "rank " << rank << ": '" << r["TORCHDDP_RUN_ID"] << "'";
+    EXPECT_EQ(r["TORCHDDP_RUN_ID"], run_id) << "ranks disagree on TORCHDDP_RUN_ID";
   }
 }
 

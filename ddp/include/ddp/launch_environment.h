@@ -31,6 +31,10 @@ struct LaunchEnvironment {
   int master_port = 0;      // 0 likewise
   bool agent_store = false; // the store at master_addr:master_port is hosted by the launcher
   int restart_count = 0;    // DDPRUN_RESTART_COUNT or TORCHELASTIC_RESTART_COUNT
+  // Which job this rank belongs to, checked at the rendezvous so that ranks of two jobs sharing a
+  // MASTER_PORT refuse each other: TORCHDDP_RUN_ID (ddprun), TORCHELASTIC_RUN_ID (torchrun's
+  // --rdzv-id), "slurm-<SLURM_JOB_ID>.<SLURM_STEP_ID>" under srun; "" when none is known.
+  std::string run_id;
 
   // "torchrun-style RANK/WORLD_SIZE", "Slurm (SLURM_PROCID, ...)", ...: for messages.
   std::string describe() const;
