@@ -18,12 +18,12 @@ fail() {
 }
 run() { timeout 240 "$ddprun" --standalone --nproc-per-node 2 --timeout 60 -- "$recipe" --limit-train 1280 --batch-size 32 "$@" 2>&1; }
 # An epoch's figures without its throughput and time, which differ run to run.
-figures() { grep -Eo "epoch $1/2: train loss [0-9.]+ acc [0-9.]+% \| test loss [0-9.]+ acc [0-9.]+% \(10000 samples\)|scale [0-9.e+]+, [0-9]+ skipped" <<<"$2" | paste -sd' '; }
+figures() { grep -E "epoch $1/2: " <<<"$2" | sed -E 's/^\[rank 0\] //; s/ \| [0-9]+ samples\/s, [0-9.]+ s//'; }
 
 out=$(run --epochs 2) || fail "straight run: exit code $?"
 grep -q "world 2, bf16 autocast + GradScaler, SyncBatchNorm" <<<"$out" || fail "no recipe line for a world of 2 in bf16"
 straight=$(figures 2 "$out")
-[[ $straight == *"(10000 samples)"*"skipped" ]] || fail "no epoch 2 line with 10000 validated samples and the scale"
+[[ $straight =~ ^epoch\ 2/2:\ train\ loss\ .*\(10000\ samples\)\ \|\ scale\ [0-9]+,\ [0-9]+\ skipped$ ]] || fail "no epoch 2 line with 10000 validated samples and the scale"
 [[ -n $(figures 1 "$out") ]] || fail "no epoch 1 line"
 
 out=$(run --epochs 1 --checkpoint-dir "$dir") || fail "first half: exit code $?"
