@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 #include <vector>
 
 #include <torch/autograd.h>
@@ -88,18 +89,18 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const auto wire = torch::TensorOptions().dtype(at::kDouble).device(input.device());
     // 1. This rank's per-channel statistics (zeros and a count of 0 for an empty batch).
     const int64_t count = fits ? input.numel() / C : 0;
-    Tensor mean = torch::zeros({C}, wire), var = torch::zeros({C}, wire);
+    Tensor local_mean = torch::zeros({C}, wire), local_var = torch::zeros({C}, wire);
     if (count > 0) {
       auto [v, m] = at::var_mean(input.to(acc), at::IntArrayRef(reduced_dims(input)), /*unbiased=*/false,
                                  /*keepdim=*/false);
-      mean = m.to(at::kDouble);
-      var = v.to(at::kDouble);
+      local_mean = m.to(at::kDouble);
+      local_var = v.to(at::kDouble);
     }
     const Tensor header = torch::tensor({static_cast<double>(input.dim()),
                                          static_cast<double>(input.dim() >= 2 ? input.size(1) : 0),
                                          static_cast<double>(count)}, wire);
     // 2. One allgather of [header, mean, var] from every rank.
-    std::vector<Tensor> mine{torch::cat({header, mean, var}).to(collective_device(s.group))};
+    std::vector<Tensor> mine{torch::cat({header, local_mean, local_var}).to(collective_device(s.group))};
     std::vector<std::vector<Tensor>> all(1);
     for (int r = 0; r < s.group->getSize(); ++r) all[0].push_back(torch::empty_like(mine[0]));
     detail::wait_collective(s.group->allgather(all, mine),
@@ -123,30 +124,42 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
       s.running_var.mul_(1 - s.momentum).add_((global_var * (total / (total - 1))).to(s.running_var.options()),
                                               s.momentum);
     }
-    // 5. Normalize with the global statistics.
+    // 5. Normalize with the global statistics: BatchNorm's own kernel in its inference form (given
+    //    mean and variance) does it in one fused pass.
     const auto on_input = torch::TensorOptions().dtype(acc).device(input.device());
-    const auto shape = channel_shape(input);
-    const Tensor mean_c = global_mean.to(on_input).view(shape);
-    const Tensor invstd_c = (global_var + s.eps).rsqrt().to(on_input).view(shape);
-    Tensor y = (input.to(acc) - mean_c) * invstd_c;
-    if (weight.defined()) y = y * weight.to(acc).view(shape) + bias.to(acc).view(shape);
-    ctx->save_for_backward({input, weight, mean_c, invstd_c});
+    const Tensor mean = global_mean.to(on_input), var = global_var.to(on_input);
+    const Tensor w = weight.defined() ? weight.to(acc) : Tensor(), b = bias.defined() ? bias.to(acc) : Tensor();
+    const Tensor y = input.numel() == 0 ? input.to(acc)
+                                        : at::batch_norm(input.to(acc), w, b, mean, var, /*training=*/false,
+                                                         /*momentum=*/0.0, s.eps, /*cudnn_enabled=*/true);
+    ctx->save_for_backward({input, weight, mean, var});
     ctx->saved_data["count"] = total;
+    ctx->saved_data["eps"] = s.eps;
     ctx->saved_data["group"] = c10::IValue::make_capsule(s.group);
     return y.to(input.scalar_type());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const auto saved = ctx->get_saved_variables();
-    const Tensor &input = saved[0], &weight = saved[1], &mean = saved[2], &invstd = saved[3];
+    const Tensor &input = saved[0], &weight = saved[1], &mean = saved[2], &var = saved[3];
+    const double eps = ctx->saved_data["eps"].toDouble();
     const auto acc = compute_type(input);
-    const auto dims = reduced_dims(input);
-    const Tensor dy = grad_outputs[0].to(acc);
-    const Tensor xmu = input.to(acc) - mean;
-    // 6. This rank's per-channel sums; the parameters' gradients come from them alone.
-    const Tensor sum_dy = dy.sum(at::IntArrayRef(dims)), sum_dy_xmu = (dy * xmu).sum(at::IntArrayRef(dims));
+    const Tensor x = input.to(acc), dy = grad_outputs[0].to(acc);
+    const Tensor w = weight.defined() ? weight.to(acc) : Tensor();
+    // 6. This rank's per-channel sums, from BatchNorm's own backward in its inference form, which
+    //    returns in fused passes: g = dy * invstd * weight, sum(dy * (x - mean) * invstd), sum(dy).
+    //    The parameters' gradients come from this rank's sums alone.
+    //    An empty batch (LibTorch's CPU kernel divides by its size) contributes zeros.
+    Tensor g = torch::empty_like(x), dy_xhat = torch::zeros_like(mean), sum_dy = torch::zeros_like(mean);
+    if (x.numel() > 0) {
+      std::tie(g, dy_xhat, sum_dy) = at::native_batch_norm_backward(
+          dy, x, w, mean, var, /*save_mean=*/{}, /*save_invstd=*/{}, /*train=*/false, eps,
+          {ctx->needs_input_grad(0), true, true});
+    }
+    const Tensor invstd = (var + eps).rsqrt();
+    const Tensor sum_dy_xmu = dy_xhat / invstd;
     Tensor grad_input, grad_weight, grad_bias;
-    if (ctx->needs_input_grad(1)) grad_weight = (sum_dy_xmu * invstd.flatten()).to(weight.scalar_type());
+    if (ctx->needs_input_grad(1)) grad_weight = dy_xhat.to(weight.scalar_type());
     if (ctx->needs_input_grad(2)) grad_bias = sum_dy.to(weight.scalar_type());
     if (ctx->needs_input_grad(0)) {
       // 7. One allreduce of both sums: the input gradient needs every rank's.
@@ -157,12 +170,15 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
                               [&] { return who(C) + ": allreduce of the gradient sums in backward"; });
       const double total = ctx->saved_data["count"].toDouble();
       const Tensor means = (sums[0] / total).to(torch::TensorOptions().dtype(acc).device(input.device()));
+      const Tensor mean_dy = means.narrow(0, 0, C), mean_dy_xmu = means.narrow(0, C, C);
+      // 8. The input gradient, dx = (dy - mean_dy - (x - mean) * invstd^2 * mean_dy_xmu) * invstd * weight,
+      //    is g plus a per-channel affine function of x: dx = g - a * x - b with
+      //    a = invstd^3 * weight * mean_dy_xmu and b = invstd * weight * (mean_dy - mean * invstd^2 * mean_dy_xmu).
+      const Tensor scale = w.defined() ? invstd * w : invstd;
+      const Tensor a = scale * invstd.pow(2) * mean_dy_xmu;
+      const Tensor b = scale * (mean_dy - mean * invstd.pow(2) * mean_dy_xmu);
       const auto shape = channel_shape(input);
-      const Tensor mean_dy = means.narrow(0, 0, C).view(shape), mean_dy_xmu = means.narrow(0, C, C).view(shape);
-      // 8. The input gradient.
-      Tensor scale = invstd;
-      if (weight.defined()) scale = scale * weight.to(acc).view(shape);
-      grad_input = ((dy - mean_dy - xmu * invstd.pow(2) * mean_dy_xmu) * scale).to(input.scalar_type());
+      grad_input = g.sub_(b.view(shape)).addcmul_(x, a.view(shape), -1).to(input.scalar_type());
     }
     return {grad_input, grad_weight, grad_bias, Tensor()};
   }

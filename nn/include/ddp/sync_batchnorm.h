@@ -25,8 +25,9 @@
 //   8. dx = (dy - sum_dy / N - (x - mean) * invstd^2 * sum_dy_xmu / N) * invstd * weight.
 // What differs from PyTorch's arithmetic: step 2 gathers the variance instead of invstd (the same
 // combination without a round trip through eps), in float64 whatever the input's dtype. ATen's
-// fused kernels for these steps (batch_norm_stats, ...) exist for CUDA only in LibTorch 1.13 and
-// 2.6, so every step is plain tensor operations, on the input's device.
+// SyncBatchNorm kernels (batch_norm_stats, batch_norm_elemt, ...) exist for CUDA only in LibTorch
+// 1.13 and 2.6; instead the per-element passes (steps 5, 6 and the bulk of 8) run in BatchNorm's
+// own kernels in their inference form, which take a given mean and variance, on any device.
 //
 // Not synchronized, exactly like torch::nn::BatchNorm2d (no communication at all): eval mode
 // (running statistics, or this rank's batch when track_running_stats is false, as PyTorch does),
