@@ -66,6 +66,12 @@ int run(ddprun::Options& options) {
     }
     if (result.outcome == ddprun::RoundResult::kPeerFailed) result.reason = "another node failed: " + result.reason;
     report(result);
+    if (result.outcome == ddprun::RoundResult::kCouldNotStart) {
+      // Like a usage error (exit 2): the command itself cannot run, so restarting cannot help.
+      std::cerr << "ddprun: stopped all ranks; the program could not be started\n";
+      rendezvous->leave();
+      return 2;
+    }
     if (round >= options.max_restarts) {
       std::cerr << "ddprun: stopped all ranks; job failed"
                 << (options.max_restarts > 0 ? " after " + std::to_string(round) + " restart(s)" : "") << "\n";

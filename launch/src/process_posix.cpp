@@ -136,7 +136,10 @@ Child spawn(const std::string& path, const std::vector<std::string>& args, const
     close(out[0]);
     close(err[0]);
     if (in[1] >= 0) close(in[1]);
-    throw std::runtime_error("could not start " + path + ": " + strerror(error));
+    // execve's ENOENT for a file that exists means its #! interpreter (or ELF loader) is missing.
+    const bool missing_interpreter = error == ENOENT && access(path.c_str(), F_OK) == 0;
+    throw std::runtime_error("could not start " + path + ": " + strerror(error) +
+                             (missing_interpreter ? " (the file exists: is the interpreter on its #! line missing?)" : ""));
   }
   fcntl(out[0], F_SETFL, O_NONBLOCK);
   fcntl(err[0], F_SETFL, O_NONBLOCK);

@@ -46,7 +46,7 @@ class Round {
                            rank_environment(options_, info_, local, round_));
       } catch (const std::exception& error) {
         ranks_.push_back(std::move(rank));
-        return fail(RoundResult::kRankFailed, "rank " + std::to_string(info_.rank_offset + local) + ": " + error.what(),
+        return fail(RoundResult::kCouldNotStart, "rank " + std::to_string(info_.rank_offset + local) + ": " + error.what(),
                     ranks_.size() - 1);
       }
       ranks_.push_back(std::move(rank));
@@ -120,7 +120,7 @@ class Round {
     result.outcome = outcome;
     result.reason = reason;
     result.signal = signal;
-    if (outcome == RoundResult::kRankFailed) rendezvous_.report_failure(round_, "node " + std::to_string(options_.node_rank) + ": " + reason);
+    if (outcome == RoundResult::kRankFailed || outcome == RoundResult::kCouldNotStart) rendezvous_.report_failure(round_, "node " + std::to_string(options_.node_rank) + ": " + reason);
     stop_all(signal == 0 ? SIGTERM : signal);
     if (failed_index >= 0) {
       result.tail = ranks_[failed_index].output->tail();

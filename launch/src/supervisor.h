@@ -11,7 +11,8 @@
 namespace ddprun {
 
 struct RoundResult {
-  enum Outcome { kSucceeded, kRankFailed, kPeerFailed, kInterrupted } outcome = kSucceeded;
+  // kCouldNotStart: the program could not be executed at all (exec failed): no restart helps.
+  enum Outcome { kSucceeded, kRankFailed, kCouldNotStart, kPeerFailed, kInterrupted } outcome = kSucceeded;
   std::string reason;             // one line: what failed
   std::deque<std::string> tail;   // last output lines of the failed rank
   std::string log_path;           // its log file, when --log-dir is set

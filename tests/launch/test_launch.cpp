@@ -563,6 +563,28 @@ TEST(LaunchBadInput, DurationsMustBeFiniteAndSane) {
                      "--nproc-per-node 100000 is more than 1024 ranks on one node");
 }
 
+// A program that exists but cannot be executed: exit 2 like a usage error (nothing ran, so no
+// restart is tried), the reason named; a missing #! interpreter is told apart from a missing file.
+TEST(LaunchBadInput, AProgramThatCannotBeExecutedExitsTwo) {
+  TempDir dir;
+  const std::string script = dir.path + "/train.sh", binary = dir.path + "/train.bin";
+  std::ofstream(script) << "#!/nonexistent/python3\n";
+  std::ofstream(binary) << "not an executable format";
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  std::filesystem::permissions(binary, std::filesystem::perms::owner_all);
+  for (const auto& [program, reason] :
+       {std::pair<std::string, std::string>{script, "No such file or directory (the file exists: is the interpreter "
+                                                    "on its #! line missing?)"},
+        std::pair<std::string, std::string>{binary, "Exec format error"}}) {
+    auto f = launch_test::run({kDdprun, "--standalone", "--nproc-per-node", "2", "--max-restarts", "3", "--", program},
+                              {}, 30s);
+    EXPECT_EQ(f.exit_code, 2) << describe(f);
+    EXPECT_NE(f.output.find("ddprun: rank 0: could not start " + program + ": " + reason), std::string::npos) << f.output;
+    EXPECT_NE(f.output.find("the program could not be started"), std::string::npos) << f.output;
+    EXPECT_EQ(f.output.find("restarting"), std::string::npos) << "a restart was tried: " << f.output;
+  }
+}
+
 TEST(LaunchBadInput, NotANumber) {
   expect_usage_error(ddprun({"--nproc-per-node", "four"}, {"hang"}),
                      "--nproc-per-node must be a number, 'cpu' or 'gpu' (got 'four')");
