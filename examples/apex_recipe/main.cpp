@@ -38,6 +38,7 @@ struct Options {
   std::string checkpoint_dir;
   int save_every = 1;        // epochs between checkpoints (the Apex recipe uses 5)
   int threads = 1;
+  double timeout_s = 1800;   // bounds every collective: a dead or frozen rank ends the job after this long
   int64_t seed = 0;
 };
 
@@ -84,7 +85,9 @@ ddp::Metrics validate(torch::nn::SequentialImpl& net, const ddp::FashionMNIST& t
 
 int run(const Options& options) {
   torch::set_num_threads(options.threads);
-  auto pg = ddp::init_process_group(ddp::InitOptions{"gloo", "env://"});
+  ddp::InitOptions init{"gloo", "env://"};
+  init.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
+  auto pg = ddp::init_process_group(init);
   const int rank = ddp::get_rank();
   const bool leader = rank == 0;
   const bool bf16 = options.precision == "bf16";
@@ -186,6 +189,8 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint-dir", options.checkpoint_dir, "save checkpoints here and resume from the newest");
   app.add_option("--save-every", options.save_every, "epochs between checkpoints")->check(CLI::Range(1, 1 << 20));
   app.add_option("--threads", options.threads, "torch threads per rank")->check(CLI::Range(1, 1024));
+  app.add_option("--timeout", options.timeout_s, "seconds a collective may wait for the other ranks (a dead or frozen rank)")
+      ->check(CLI::Range(1.0, 86400.0 * 7));
   app.add_option("--seed", options.seed, "model initialization and shuffle seed");
   CLI11_PARSE(app, argc, argv);
   try {

@@ -46,6 +46,7 @@ struct Options {
   int64_t seed = 0;
   std::string data_dir = ddp::FashionMNIST::kDefaultDir;
   int threads = 1;
+  double timeout_s = 1800;  // bounds every collective: a dead or frozen rank ends the job after this long
   size_t limit_train = 0;   // 0: the whole training set
   std::string checkpoint_dir;
   std::string comm_hook = "none";  // none, fp16, bf16, powersgd
@@ -100,6 +101,7 @@ class ProgressBar {
 ddp::ProcessGroupPtr init(const Options& options) {
   ddp::InitOptions init;
   init.backend = options.backend;
+  init.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
   return ddp::init_process_group(init);
 }
 
@@ -259,6 +261,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", options.seed, "model initialization and shuffle seed");
   app.add_option("--data-dir", options.data_dir, "folder with the Fashion-MNIST *-ubyte.gz files");
   app.add_option("--threads", options.threads, "torch threads per rank")->check(positive);
+  app.add_option("--timeout", options.timeout_s,
+                 "seconds any rendezvous or collective may wait for the other ranks before the job fails (a dead or "
+                 "frozen rank)")->check(CLI::Range(1.0, 86400.0 * 7));
   app.add_option("--limit-train", options.limit_train, "use only the first N training samples (0: all)");
   app.add_option("--checkpoint-dir", options.checkpoint_dir, "save a checkpoint each epoch and resume from the newest");
   app.add_option("--comm-hook", options.comm_hook, "how gradients are reduced: none, fp16, bf16 or powersgd")

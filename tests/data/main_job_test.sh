@@ -13,6 +13,7 @@
 #   main_job_test.sh progress TRAIN         a progress bar on a terminal (util-linux `script`),
 #                                           plain lines when piped
 #   main_job_test.sh resume TRAIN           --checkpoint-dir: a second run resumes after epoch 1
+#   main_job_test.sh frozen DDPRUN TRAIN    a rank frozen by SIGSTOP ends the job within --timeout
 # Exit 0: pass; 1: fail (with the reason and the output); 77: skipped (CTest SKIP_RETURN_CODE).
 set -u -o pipefail
 mode=$1
@@ -114,6 +115,36 @@ case $mode in
       out=$(cat "$cluster/job.out")
       [[ $(figures "$out") == "$expected" ]] || fail "the sbatch job's figures differ from ddprun's"
     fi
+    ;;
+
+  frozen)
+    # A rank frozen mid-training (SIGSTOP): with --timeout 5 the job ends within seconds, rank 0
+    # naming the collective that timed out, instead of waiting PyTorch's default 30 minutes.
+    ddprun=$1 train=$2
+    log=$(mktemp)
+    "$ddprun" --standalone --nproc-per-node 2 --grace-period 2 -- "$train" --epochs 1 --timeout 5 >"$log" 2>&1 &
+    launcher=$!
+    frozen_pid=""
+    trap 'kill -KILL $frozen_pid $launcher 2>/dev/null; rm -f "$log"' EXIT
+    for _ in $(seq 600); do grep -q "world 2 (gloo)" "$log" && break; sleep 0.1; done
+    grep -q "world 2 (gloo)" "$log" || { out=$(cat "$log"); fail "the job did not start"; }
+    sleep 1  # into the first epoch
+    for pid in $(pgrep -P $launcher); do
+      tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx RANK=1 && frozen_pid=$pid
+    done
+    [[ -n $frozen_pid ]] || { out=$(cat "$log"); fail "rank 1's process not found"; }
+    kill -STOP "$frozen_pid"
+    frozen_at=$SECONDS
+    for _ in $(seq 1200); do kill -0 $launcher 2>/dev/null || break; sleep 0.1; done
+    took=$((SECONDS - frozen_at))
+    out=$(cat "$log")
+    kill -0 $launcher 2>/dev/null && fail "ddprun still running 120 s after rank 1 froze"
+    wait $launcher
+    code=$?
+    [[ $code != 0 ]] || fail "the job succeeded with a frozen rank"
+    ((took <= 30)) || fail "the job ended $took s after rank 1 froze; --timeout was 5 s"
+    grep -q "hung past the timeout" <<<"$out" || fail "no rank said a peer hung past the timeout"
+    echo "the job ended $took s after rank 1 froze (--timeout 5), exit code $code"
     ;;
 
   progress)
