@@ -8,6 +8,7 @@ packages=(cmake g++ ninja-build ccache pkg-config zlib1g-dev
           openmpi-bin           # the test that the main job runs under mpirun
           slurm-wlm munge       # ... and under srun/sbatch of a one-node Slurm the test starts
           openssh-server        # ... and ddprun -H over ssh between two network-namespace hosts (tests/launch)
+          clang libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer
           python3-torch)  # python3-torch: the checkpoint test that Python reads our files
 missing=()
 for p in "${packages[@]}"; do

@@ -15,6 +15,9 @@
 
 #include <ddp/atomic_file.h>
 
+#include "archive_check.h"
+#include "error_text.h"
+
 namespace ddp {
 namespace {
 
@@ -119,6 +122,7 @@ TensorDict unpickled(const at::Tensor& bytes) {
   const at::Tensor contiguous = bytes.contiguous();
   std::vector<char> data(static_cast<const char*>(contiguous.data_ptr()),
                          static_cast<const char*>(contiguous.data_ptr()) + contiguous.numel());
+  check_plain_archive(data);  // what LibTorch's unpickler would crash on, refused first
   TensorDict state;
   for (const auto& item : torch::pickle_load(data).toGenericDict()) {
     state[item.key().toStringRef()] = item.value().toTensor();
@@ -279,7 +283,7 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module,
       write_checkpoint_file(path, module, optimizer, state, world_size, rng, state_names, states);
       if (options.keep_last_ > 0) keep_newest(path, options.prefix_, options.keep_last_);
     } catch (const std::exception& error) {
-      failure = error.what();
+      failure = error_text(error);
     }
   }
   if (group) {
@@ -296,7 +300,7 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module,
 TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module,
                               torch::optim::Optimizer* optimizer, const LoadOptions& options) {
   const std::vector<char> zip = read_checkpoint_file(path);
-  const auto record = read_archive_record(zip, kTrainingRecord);
+  const auto record = read_archive_record(zip, kTrainingRecord, path);
   if (!record) {
     throw CheckpointError(path + " holds a model state but no training state (written by save_state_dict?); "
                           "read it with ddp::load_state_dict(path)");
@@ -311,7 +315,9 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module
   std::vector<std::string> state_names;
   c10::IValue names_value;
   try {
-    archive.load_from(record->data(), record->size(), at::Device(at::kCPU));
+    // Checked and rebuilt first: InputArchive compiles the code an archive carries (archive_check.h).
+    const std::vector<char> checked = checked_script_archive(std::vector<char>(record->begin(), record->end()));
+    archive.load_from(checked.data(), checked.size(), at::Device(at::kCPU));
     const int64_t version = read_int(archive, "format_version");
     if (version != kFormatVersion) {
       throw CheckpointError("format version " + std::to_string(version) + " is not supported (this build reads " +
@@ -336,7 +342,7 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module
       state_ranks = read_int(archive, "state_ranks");
     }
   } catch (const std::exception& error) {
-    throw CheckpointError("cannot read the training state in " + path + ": " + error.what());
+    throw CheckpointError("cannot read the training state in " + path + ": " + error_text(error));
   }
 
   if (optimizer != nullptr) {
@@ -345,17 +351,23 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module
       throw CheckpointError("checkpoint " + path + " holds " + saved_optimizer + " state, the optimizer is " +
                             optimizer_type(*optimizer));
     }
-    const auto bytes = read_archive_record(zip, kOptimizerRecord);
+    const auto bytes = read_archive_record(zip, kOptimizerRecord, path);
     if (!bytes) throw CheckpointError("checkpoint " + path + " lacks its optimizer record");
+    std::vector<char> checked;
+    try {
+      checked = checked_script_archive(std::vector<char>(bytes->begin(), bytes->end()));
+    } catch (const std::exception& error) {
+      throw CheckpointError("cannot read the optimizer state in " + path + ": " + error_text(error));
+    }
     try {
       torch::serialize::InputArchive optimizer_archive;
-      optimizer_archive.load_from(bytes->data(), bytes->size(),
+      optimizer_archive.load_from(checked.data(), checked.size(),
                                   options.map_location_.device_for(saved_optimizer_device));
       optimizer->load(optimizer_archive);
     } catch (const CheckpointError&) {
       throw;
     } catch (const std::exception& error) {
-      throw CheckpointError("the optimizer state in " + path + " does not fit the optimizer: " + error.what());
+      throw CheckpointError("the optimizer state in " + path + " does not fit the optimizer: " + error_text(error));
     }
   }
 
@@ -378,16 +390,21 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module
       archive.read(state_key(found - state_names.begin(), from_rank), bytes, /*is_buffer=*/true);
       entry.state->load_state_dict(unpickled(bytes));
     } catch (const std::exception& error) {
-      throw CheckpointError("cannot restore the state \"" + entry.name + "\" from " + path + ": " + error.what());
+      throw CheckpointError("cannot restore the state \"" + entry.name + "\" from " + path + ": " + error_text(error));
     }
   }
 
   if (options.restore_rng_) {
     if (rank < rng_ranks) {
-      at::Tensor cpu_state, cuda_state;
-      archive.read("rng_cpu_" + std::to_string(rank), cpu_state, /*is_buffer=*/true);
-      archive.read("rng_cuda_" + std::to_string(rank), cuda_state, /*is_buffer=*/true);
-      restore_rng_state(cpu_state, cuda_state);
+      try {
+        at::Tensor cpu_state, cuda_state;
+        archive.read("rng_cpu_" + std::to_string(rank), cpu_state, /*is_buffer=*/true);
+        archive.read("rng_cuda_" + std::to_string(rank), cuda_state, /*is_buffer=*/true);
+        restore_rng_state(cpu_state, cuda_state);
+      } catch (const std::exception& error) {
+        throw CheckpointError("cannot restore the RNG state of rank " + std::to_string(rank) + " from " + path + ": " +
+                              error_text(error));
+      }
     }
   }
   return state;

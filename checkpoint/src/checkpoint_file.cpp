@@ -19,6 +19,9 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <zlib.h>
 
+#include "archive_check.h"
+#include "error_text.h"
+
 namespace ddp {
 namespace {
 
@@ -78,6 +81,7 @@ constexpr char kHookKey[] = "__torchddp_ordered_dict__";
 
 // Length of the opcode at `at` (with its argument); 0 when unknown. Covers what torch.save emits.
 std::size_t opcode_length(const std::string& pickle, std::size_t at) {
+  auto has = [&](std::size_t bytes) { return pickle.size() - at >= bytes; };  // for the length fields read here
   auto u32 = [&](std::size_t offset) {
     uint32_t value = 0;
     std::memcpy(&value, pickle.data() + offset, 4);
@@ -92,8 +96,8 @@ std::size_t opcode_length(const std::string& pickle, std::size_t at) {
     case 'M': return 3;
     case 'r': case 'j': case 'J': return 5;
     case 'G': case '\x95': return 9;
-    case 'X': return 5 + u32(at + 1);
-    case '\x8c': case '\x8a': return 2 + static_cast<unsigned char>(pickle[at + 1]);
+    case 'X': return has(5) ? 5 + u32(at + 1) : 0;
+    case '\x8c': case '\x8a': return has(2) ? 2 + static_cast<unsigned char>(pickle[at + 1]) : 0;
     case 'c': {  // two newline-terminated names
       const std::size_t first = pickle.find('\n', at);
       const std::size_t second = first == std::string::npos ? first : pickle.find('\n', first + 1);
@@ -271,18 +275,26 @@ std::vector<char> make_state_dict_archive(
 StateDict parse_state_dict_archive(const std::vector<char>& zip, const std::string& path,
                                    const MapLocation& map_location) {
   std::map<std::string, std::string> saved_devices;
-  if (auto devices = read_archive_record(zip, kDevicesRecord)) {
+  if (auto devices = read_archive_record(zip, kDevicesRecord, path)) {
     std::istringstream lines(*devices);
-    std::string device, name;
-    while (lines >> device && std::getline(lines, name)) saved_devices[name.substr(1)] = device;
+    std::string line;
+    while (std::getline(lines, line)) {
+      const std::size_t space = line.find(' ');
+      if (space == 0 || space == std::string::npos) {
+        throw CheckpointError(path + " has a damaged device list: the line \"" + line + "\" is not \"<device> <name>\"");
+      }
+      saved_devices[line.substr(space + 1)] = line.substr(0, space);
+    }
   }
   c10::IValue root;
   try {
     const auto rewritten = with_plain_dict(zip);
-    root = torch::jit::pickle_load(rewritten ? *rewritten : zip);
+    const std::vector<char>& archive = rewritten ? *rewritten : zip;
+    check_plain_archive(archive);  // what LibTorch's unpickler would crash on, refused first
+    root = torch::jit::pickle_load(archive);
     if (rewritten && root.isGenericDict()) (void)root.toGenericDict().erase(kHookKey);  // 2.x marks erase nodiscard
   } catch (const std::exception& error) {
-    throw CheckpointError("cannot read the model state in " + path + ": " + error.what());
+    throw CheckpointError("cannot read the model state in " + path + ": " + error_text(error));
   }
   if (!root.isGenericDict()) {
     throw CheckpointError(path + " does not hold a state_dict: its root object is a " + root.tagKind() +
@@ -298,17 +310,27 @@ StateDict parse_state_dict_archive(const std::vector<char>& zip, const std::stri
     const at::Tensor& tensor = item.value().toTensor();
     auto saved = saved_devices.find(name);
     const std::string from = saved == saved_devices.end() ? tensor.device().str() : saved->second;
-    state.insert(name, tensor.to(map_location.device_for(from)));
+    try {
+      state.insert(name, tensor.to(map_location.device_for(from)));
+    } catch (const std::exception& error) {  // a device this build lacks, or a name that is no device
+      throw CheckpointError("cannot place " + name + " from " + path + " (saved on " + from +
+                            ") where map_location puts it: " + error_text(error));
+    }
   }
   return state;
 }
 
-std::optional<std::string> read_archive_record(const std::vector<char>& zip, const std::string& name) {
-  caffe2::serialize::PyTorchStreamReader reader(
-      std::make_shared<caffe2::serialize::MemoryReadAdapter>(zip.data(), static_cast<off_t>(zip.size())));
-  if (!reader.hasRecord(name)) return std::nullopt;
-  auto [data, size] = reader.getRecord(name);
-  return std::string(static_cast<const char*>(data.get()), size);
+std::optional<std::string> read_archive_record(const std::vector<char>& zip, const std::string& name,
+                                               const std::string& path) {
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(
+        std::make_shared<caffe2::serialize::MemoryReadAdapter>(zip.data(), static_cast<off_t>(zip.size())));
+    if (!reader.hasRecord(name)) return std::nullopt;
+    auto [data, size] = reader.getRecord(name);
+    return std::string(static_cast<const char*>(data.get()), size);
+  } catch (const std::exception& error) {  // its checksum holds, but its zip archive is not sound
+    throw CheckpointError("cannot read record " + name + " of " + path + ": " + error_text(error));
+  }
 }
 
 }  // namespace ddp

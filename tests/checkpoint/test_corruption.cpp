@@ -1,12 +1,16 @@
 // Damaged or mismatched checkpoints: each gives an error that names the file and the problem.
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <gtest/gtest.h>
+#include <caffe2/serialize/in_memory_adapter.h>
+#include <caffe2/serialize/inline_container.h>
 #include <torch/torch.h>
 
 #include <ddp/checkpoint.h>
 
+#include "error_of.h"
 #include "models.h"
 #include "multiprocess.h"
 
@@ -180,6 +184,95 @@ TEST_F(Corruption, NonFilesAndForeignFilesAreNamedAsSuch) {
   EXPECT_EQ(load_error(random), random + " is not a torchddp checkpoint: it is not a zip archive (its first bytes "
                                          "are 7f 45 4c 46, a checkpoint's are 50 4b 03 04)");
   EXPECT_EQ(load_error(dir_ + "/missing.pt"), "cannot open checkpoint " + dir_ + "/missing.pt: No such file or directory");
+}
+
+// Damage behind a valid checksum: the file altered, its zip records rewritten (valid zip
+// checksums) and re-sealed, as someone crafting a file would. LibTorch's readers trust what they
+// read; before the checks in archive_check.cpp each of these crashed the process or read past a
+// buffer. Now each is a CheckpointError saying where the file is wrong.
+namespace resealed {
+
+// `zip` with record `path` ("ddp_optimizer_state/code/__torch__.py": a record inside a record)
+// passed through `edit`; the writer adds its own version records.
+std::vector<char> rewrite(const std::vector<char>& zip, const std::string& path,
+                          const std::function<void(std::string&)>& edit) {
+  caffe2::serialize::PyTorchStreamReader reader(
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(zip.data(), static_cast<off_t>(zip.size())));
+  std::vector<char> out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t n) {
+    out.insert(out.end(), static_cast<const char*>(bytes), static_cast<const char*>(bytes) + n);
+    return n;
+  });
+  // Our records ("ddp_...") are archives themselves: "ddp_x/y" is record y inside record ddp_x.
+  const bool nested = path.rfind("ddp_", 0) == 0 && path.find('/') != std::string::npos;
+  const std::string head = nested ? path.substr(0, path.find('/')) : path;
+  bool found = false;
+  for (const auto& name : reader.getAllRecords()) {
+    if (name == "version" || name == ".data/version" || name == ".data/serialization_id" || name == "byteorder") continue;
+    auto [data, size] = reader.getRecord(name);
+    std::string content(static_cast<const char*>(data.get()), size);
+    if (name == head && !nested) edit(content);
+    if (name == head && nested) {
+      const auto inner = rewrite(std::vector<char>(content.begin(), content.end()), path.substr(head.size() + 1), edit);
+      content.assign(inner.begin(), inner.end());
+    }
+    found = found || name == head;
+    writer.writeRecord(name, content.data(), content.size());
+  }
+  writer.writeEndOfFile();
+  EXPECT_TRUE(found) << "no record " << path;
+  return out;
+}
+
+void replace(std::string& text, const std::string& from, const std::string& to) {
+  const auto at = text.find(from);
+  ASSERT_NE(at, std::string::npos) << "no \"" << from << "\" in the record";
+  text.replace(at, from.size(), to);
+}
+
+}  // namespace resealed
+
+TEST_F(Corruption, DamageBehindAValidChecksumIsRefusedNotRun) {
+  struct Case {
+    const char* name;
+    std::string record;
+    std::function<void(std::string&)> edit;
+    std::string where, what;  // the error is where + (a byte offset, for pickles) + what
+  };
+  const std::vector<Case> cases = {
+      // LibTorch would pop an empty stack (undefined behaviour: a crash, at best).
+      {"pop", "data.pkl", [](std::string& p) { p[2] = '0'; },
+       "cannot read the model state in %: record data.pkl, byte ", "2: an instruction takes a value from an empty stack"},
+      // A storage record shorter than the tensor's elements: LibTorch would read past it.
+      {"short-storage", "data/0", [](std::string& d) { d.resize(4); },
+       "cannot read the model state in %: record data.pkl, byte ",
+       ": storage \"0\" of 100 elements of 4 bytes, but its record holds 4 bytes"},
+      // The optimizer record's code, which LibTorch compiles: its type parser crashed on such input.
+      {"code", "ddp_optimizer_state/code/__torch__.py",
+       [](std::string& code) { resealed::replace(code, "pytorch_version : str", "pytorch_version : Li["); },
+       "cannot read the optimizer state in %: record code/__torch__.py, ",
+       "line 4: code that is not a class declaration as torch::serialize writes it"},
+      // A call of something other than the functions a checkpoint uses.
+      {"global", "data.pkl", [](std::string& p) { resealed::replace(p, "_rebuild_tensor_v2", "_rebuild_tensor_v3"); },
+       "cannot read the model state in %: record data.pkl, byte ",
+       ": the global torch._utils._rebuild_tensor_v3, which no checkpoint uses"},
+  };
+  const std::vector<char> archive = ddp::read_checkpoint_file(path_);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<char> crafted = resealed::rewrite(archive, c.record, c.edit);
+    ddp::seal_archive(crafted);
+    const std::string file = dir_ + "/resealed-" + c.name + ".pt";
+    std::ofstream(file, std::ios::binary).write(crafted.data(), static_cast<std::streamsize>(crafted.size()));
+    std::string where = c.where;
+    where.replace(where.find('%'), 1, file);
+    ToyModel target;
+    torch::optim::Adam adam(target->parameters());  // so the optimizer record is read too
+    const std::string error =
+        ddp::test::error_of<ddp::CheckpointError>([&] { ddp::load_checkpoint(file, *target, &adam); });
+    EXPECT_EQ(error.rfind(where, 0), 0u) << error;
+    EXPECT_TRUE(contains(error, c.what)) << error;
+  }
 }
 
 }  // namespace

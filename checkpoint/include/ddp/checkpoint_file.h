@@ -57,6 +57,7 @@ std::vector<char> make_state_dict_archive(
 StateDict parse_state_dict_archive(const std::vector<char>& zip, const std::string& path,
                                    const MapLocation& map_location = {});
 // The bytes of one extra record, or nullopt when the archive has none of that name.
-std::optional<std::string> read_archive_record(const std::vector<char>& zip, const std::string& name);
+std::optional<std::string> read_archive_record(const std::vector<char>& zip, const std::string& name,
+                                               const std::string& path);
 
 }  // namespace ddp

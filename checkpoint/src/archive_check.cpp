@@ -1,0 +1,242 @@
+// The gate between a checkpoint's bytes and LibTorch's readers. The checksum proves a file is the
+// one written, not that it was written by us: a file altered and re-sealed, or simply made by
+// someone else, reaches LibTorch's zip reader, unpickler and TorchScript compiler, which trust
+// their input (issue 17: segfaults in the type parser, assertion failures). So before LibTorch
+// reads an archive: (1) the zip directory is read here, for each record's size; (2) code, which a
+// TorchScript archive carries and LibTorch compiles, must be the class declarations
+// torch::serialize::OutputArchive writes, line by line; (3) every pickle passes check_pickle,
+// tensors checked against the sizes of their records; (4) a TorchScript archive is rebuilt from
+// just those checked records, so nothing unchecked (debug records) is read.
+#include "archive_check.h"
+
+#include <cctype>
+#include <cstring>
+#include <set>
+#include <string_view>
+
+#include <caffe2/serialize/in_memory_adapter.h>
+#include <caffe2/serialize/inline_container.h>
+
+#include "pickle_check.h"
+
+namespace ddp {
+namespace {
+
+uint64_t little_endian(const std::vector<char>& zip, std::size_t at, std::size_t bytes) {
+  if (at > zip.size() || zip.size() - at < bytes) throw PickleError("the zip directory points past the end of the archive");
+  uint64_t value = 0;
+  for (std::size_t i = 0; i < bytes; ++i) value |= static_cast<uint64_t>(static_cast<unsigned char>(zip[at + i])) << (8 * i);
+  return value;
+}
+
+bool signature_at(const std::vector<char>& zip, std::size_t at, char kind_a, char kind_b) {
+  return at + 4 <= zip.size() && zip[at] == 'P' && zip[at + 1] == 'K' && zip[at + 2] == kind_a && zip[at + 3] == kind_b;
+}
+
+bool starts_with(std::string_view text, std::string_view prefix) { return text.substr(0, prefix.size()) == prefix; }
+bool ends_with(std::string_view text, std::string_view suffix) {
+  return text.size() >= suffix.size() && text.substr(text.size() - suffix.size()) == suffix;
+}
+
+// --- (2) code: what OutputArchive declares, and nothing else ---------------------------------------
+bool is_identifier(std::string_view text) {
+  if (text.empty() || std::isdigit(static_cast<unsigned char>(text[0]))) return false;
+  for (char c : text) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  }
+  return true;
+}
+
+// An attribute name as OutputArchive quotes it: "params/0", "0x55a7cf7aec90".
+bool eat_quoted_key(std::string_view& line) {
+  if (line.empty() || line[0] != '"') return false;
+  std::size_t end = 1;
+  while (end < line.size() && end <= 256 &&
+         (std::isalnum(static_cast<unsigned char>(line[end])) || std::strchr("_./-", line[end]) != nullptr)) {
+    ++end;
+  }
+  if (end == 1 || end >= line.size() || line[end] != '"') return false;
+  line.remove_prefix(end + 1);
+  return true;
+}
+
+// ["a", "b", ] or []
+bool is_name_list(std::string_view list) {
+  if (list.empty() || list[0] != '[') return false;
+  list.remove_prefix(1);
+  while (!list.empty() && list[0] != ']') {
+    if (!eat_quoted_key(list) || !starts_with(list, ", ")) return false;
+    list.remove_prefix(2);
+  }
+  return list == "]";
+}
+
+bool is_declaration(std::string_view line, const std::set<std::string>& classes) {
+  if (starts_with(line, "  __parameters__ = ")) return is_name_list(line.substr(19));
+  if (starts_with(line, "  __buffers__ = ")) return is_name_list(line.substr(16));
+  if (line == "  __annotations__ = []") return true;
+  if (starts_with(line, "  __annotations__[")) {
+    line.remove_prefix(18);
+    return eat_quoted_key(line) && starts_with(line, "] = ") && is_known_type(line.substr(4), classes);
+  }
+  const std::size_t colon = line.find(" : ");
+  return starts_with(line, "  ") && colon != std::string_view::npos && is_identifier(line.substr(2, colon - 2)) &&
+         is_known_type(line.substr(colon + 3), classes);
+}
+
+// "code/__torch__.py" -> "__torch__.Module", "code/__torch__/___torch_mangle_3.py" ->
+// "__torch__.___torch_mangle_3.Module"; empty when the file name is not one OutputArchive writes.
+std::string class_of_code_file(std::string_view name) {
+  if (!starts_with(name, "code/") || !ends_with(name, ".py")) return "";
+  std::string_view path = name.substr(5, name.size() - 8);
+  std::string qualified;
+  while (true) {
+    const std::size_t slash = path.find('/');
+    const std::string_view part = path.substr(0, slash);
+    if (!is_identifier(part)) return "";
+    qualified += std::string(part) + ".";
+    if (slash == std::string_view::npos) break;
+    path.remove_prefix(slash + 1);
+  }
+  return starts_with(qualified, "__torch__.") ? qualified + "Module" : "";
+}
+
+void check_code(const std::string& name, const std::string& code, const std::set<std::string>& classes) {
+  std::size_t line_number = 0, start = 0;
+  bool declared = false;
+  while (start < code.size()) {
+    std::size_t end = code.find('\n', start);
+    if (end == std::string::npos) end = code.size();
+    const std::string_view line(code.data() + start, end - start);
+    ++line_number;
+    start = end + 1;
+    if (line.empty()) continue;
+    const bool ok = declared ? is_declaration(line, classes) : line == "class Module(Module):";
+    if (!ok) {
+      throw PickleError("record " + name + ", line " + std::to_string(line_number) +
+                        ": code that is not a class declaration as torch::serialize writes it");
+    }
+    declared = true;
+  }
+  if (!declared) throw PickleError("record " + name + " declares no class");
+}
+
+// --- (3) pickles ---------------------------------------------------------------------------------------
+void check_pickle_record(caffe2::serialize::PyTorchStreamReader& reader, const std::string& name,
+                         const std::map<std::string, uint64_t>& records, const std::string& tensor_prefix,
+                         const std::set<std::string>& classes) {
+  if (!records.count(name)) throw PickleError("the archive has no record " + name);
+  auto [data, size] = reader.getRecord(name);
+  PickleRules rules;
+  rules.classes = classes;
+  rules.storage_size = [&](const std::string& key) -> std::optional<uint64_t> {
+    auto found = records.find(tensor_prefix + key);
+    return found == records.end() ? std::nullopt : std::optional<uint64_t>(found->second);
+  };
+  try {
+    check_pickle(std::string_view(static_cast<const char*>(data.get()), size), rules);
+  } catch (const PickleError& error) {
+    throw PickleError("record " + name + ", " + error.what());
+  }
+}
+
+caffe2::serialize::PyTorchStreamReader reader_of(const std::vector<char>& zip) {
+  return caffe2::serialize::PyTorchStreamReader(
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(zip.data(), static_cast<off_t>(zip.size())));
+}
+
+}  // namespace
+
+// --- (1) the zip directory -------------------------------------------------------------------------------
+std::map<std::string, uint64_t> archive_records(const std::vector<char>& zip) {
+  // The end-of-central-directory record: 22 bytes plus a comment of up to 64 KiB, at the end.
+  std::size_t eocd = zip.size() < 22 ? std::string::npos : zip.size() - 22;
+  const std::size_t lowest = zip.size() > 22 + 0xffff ? zip.size() - 22 - 0xffff : 0;
+  while (eocd != std::string::npos && eocd >= lowest &&
+         !(signature_at(zip, eocd, 5, 6) && eocd + 22 + little_endian(zip, eocd + 20, 2) == zip.size())) {
+    eocd = eocd == 0 ? std::string::npos : eocd - 1;
+  }
+  if (eocd == std::string::npos || eocd < lowest) throw PickleError("the zip archive has no directory record at its end");
+  uint64_t entries = little_endian(zip, eocd + 10, 2);
+  uint64_t directory = little_endian(zip, eocd + 16, 4);
+  if (eocd >= 20 && signature_at(zip, eocd - 20, 6, 7)) {  // ZIP64: the real numbers are in its own record
+    const std::size_t eocd64 = static_cast<std::size_t>(little_endian(zip, eocd - 20 + 8, 8));
+    if (!signature_at(zip, eocd64, 6, 6)) throw PickleError("the zip archive's ZIP64 directory record is missing");
+    entries = little_endian(zip, eocd64 + 32, 8);
+    directory = little_endian(zip, eocd64 + 48, 8);
+  }
+  std::map<std::string, uint64_t> records;
+  std::string prefix;  // every name starts with the archive's folder ("archive/"), which LibTorch drops
+  std::size_t at = static_cast<std::size_t>(std::min<uint64_t>(directory, zip.size()));
+  for (uint64_t i = 0; i < entries; ++i) {
+    if (!signature_at(zip, at, 1, 2)) throw PickleError("the zip directory is damaged at entry " + std::to_string(i));
+    uint64_t size = little_endian(zip, at + 24, 4);
+    const std::size_t name_size = static_cast<std::size_t>(little_endian(zip, at + 28, 2));
+    const std::size_t extra_size = static_cast<std::size_t>(little_endian(zip, at + 30, 2));
+    const std::size_t comment_size = static_cast<std::size_t>(little_endian(zip, at + 32, 2));
+    little_endian(zip, at + 46, name_size + extra_size);  // bounds
+    const std::string name(zip.data() + at + 46, name_size);
+    if (size == 0xffffffffu) {  // ZIP64: the size is the first field of the extra block 0x0001
+      std::size_t field = at + 46 + name_size;
+      const std::size_t fields_end = field + extra_size;
+      bool found = false;
+      while (field + 4 <= fields_end && !found) {
+        const uint64_t id = little_endian(zip, field, 2), length = little_endian(zip, field + 2, 2);
+        if (id == 1 && length >= 8) {
+          size = little_endian(zip, field + 4, 8);
+          found = true;
+        }
+        field += 4 + static_cast<std::size_t>(length);
+      }
+      if (!found) throw PickleError("the zip directory entry of " + name + " lacks its ZIP64 size");
+    }
+    if (i == 0) prefix = name.substr(0, name.find('/') + 1);
+    if (prefix.empty() || !starts_with(name, prefix)) throw PickleError("the zip archive's records are not in one folder");
+    if (!records.emplace(name.substr(prefix.size()), size).second) throw PickleError("the zip archive holds " + name + " twice");
+    at += 46 + name_size + extra_size + comment_size;
+  }
+  return records;
+}
+
+void check_plain_archive(const std::vector<char>& zip) {
+  const auto records = archive_records(zip);
+  auto reader = reader_of(zip);
+  check_pickle_record(reader, "data.pkl", records, "data/", {});
+}
+
+std::vector<char> checked_script_archive(const std::vector<char>& zip) {
+  const auto records = archive_records(zip);
+  auto reader = reader_of(zip);
+  // (2) The classes first (the pickles may name them), then each file's declarations.
+  std::map<std::string, std::string> code;
+  std::set<std::string> classes;
+  for (const auto& [name, size] : records) {
+    if (!starts_with(name, "code/") || ends_with(name, ".debug_pkl")) continue;
+    const std::string qualified = class_of_code_file(name);
+    if (qualified.empty()) throw PickleError("record " + name + ": code in a file torch::serialize never writes");
+    auto [data, data_size] = reader.getRecord(name);
+    code[name] = std::string(static_cast<const char*>(data.get()), data_size);
+    classes.insert(qualified);
+  }
+  for (const auto& [name, text] : code) check_code(name, text, classes);
+  // (3)
+  check_pickle_record(reader, "data.pkl", records, "data/", classes);
+  check_pickle_record(reader, "constants.pkl", records, "constants/", classes);
+  // (4) Code, pickles and tensors; the writer adds its own version records.
+  std::vector<char> out;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t n) {
+    out.insert(out.end(), static_cast<const char*>(bytes), static_cast<const char*>(bytes) + n);
+    return n;
+  });
+  for (const auto& [name, size] : records) {
+    const bool keep = code.count(name) || name == "data.pkl" || name == "constants.pkl" || starts_with(name, "data/") ||
+                      starts_with(name, "constants/");
+    if (!keep) continue;
+    auto [data, data_size] = reader.getRecord(name);
+    writer.writeRecord(name, data.get(), data_size);
+  }
+  writer.writeEndOfFile();
+  return out;
+}
+
+}  // namespace ddp

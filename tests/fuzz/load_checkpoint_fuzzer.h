@@ -1,0 +1,18 @@
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
+
+namespace ddp::fuzz {
+struct Outcomes {
+  int loaded = 0;
+  int refused = 0;  // with a CheckpointError
+  std::string last_error;
+};
+extern Outcomes outcomes;
+
+// Writes a seed input: the archive of a real checkpoint (small model, Adam, a GradScaler).
+void write_seed(const std::string& path);
+}  // namespace ddp::fuzz
