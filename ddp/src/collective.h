@@ -8,12 +8,14 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "ddp/process_group.h"
+#include "heartbeat.h"
 
 namespace ddp::detail {
 
 // Blocks until `work` is done. On failure throws CollectiveError:
 //   "<what> failed: a peer rank may have died, hung past the timeout, or run a different sequence
-//    of collectives. Cause: <the backend's message>"
+//    of collectives. Cause: <the backend's message>. Stall check: rank 1 stopped (...)"
+// (the stall check, heartbeat.h, takes about 2.5 s and names the ranks that did not come)
 // `what` names the collective and who ran it ("DistributedDataParallel: allreduce of gradient
 // bucket 2 of 5"); `hint`, when given, replaces the generic list of likely causes.
 void wait_collective(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what, const char* hint = nullptr);
@@ -25,6 +27,7 @@ void wait_collective(const c10::intrusive_ptr<c10d::Work>& work, const std::stri
 template <typename Describe, typename = std::enable_if_t<std::is_invocable_r_v<std::string, Describe>>>
 void wait_collective(const c10::intrusive_ptr<c10d::Work>& work, Describe describe, const char* hint = nullptr) {
   try {
+    WaitingInCollective waiting;  // what this rank's heartbeat reports to the others
     work->wait();
   } catch (const std::exception& error) {
     throw_collective_error(describe(), hint, error);

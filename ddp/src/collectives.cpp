@@ -4,17 +4,19 @@
 
 #include "collective.h"
 #include "desync.h"
+#include "error_text.h"
 #include "ddp/process_group.h"
 
 namespace ddp {
 namespace detail {
 
 void throw_collective_error(const std::string& what, const char* hint, const std::exception& cause) {
+  const std::string stall = stall_report();
   throw CollectiveError(what + " failed: " +
                         (hint != nullptr ? std::string(hint)
                                          : "a peer rank may have died, hung past the timeout, or run a different "
                                            "sequence of collectives") +
-                        ". Cause: " + cause.what());
+                        ". Cause: " + error_text(cause) + (stall.empty() ? "" : ". " + stall));
 }
 
 void wait_collective(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what, const char* hint) {

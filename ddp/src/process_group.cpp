@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <sstream>
@@ -22,6 +23,7 @@
 
 #include "backends.h"
 #include "compat.h"
+#include "heartbeat.h"
 #include "parse_int.h"
 #include "ddp/launch_environment.h"
 
@@ -206,9 +208,15 @@ std::string master_hint(const LaunchEnvironment& launch, const char* name) {
   return what + " (init_method env://; ddprun and torchrun set it)";
 }
 
-}  // namespace
+// A connected group, and how its heartbeat reaches the store (null: a world of one has none).
+struct Connection {
+  ProcessGroupPtr group;
+  std::function<c10::intrusive_ptr<c10d::Store>()> heartbeat_store;
+  int rank = 0;
+  int world_size = 1;
+};
 
-ProcessGroupPtr new_process_group(const InitOptions& options) {
+Connection connect_group(const InitOptions& options) {
   // Rank and world size: explicit options win, then the launcher's variables (launch_environment.h).
   const LaunchEnvironment launch = launch_environment();
   const bool alone = launch.source == LaunchEnvironment::Source::kNone && options.world_size < 0;
@@ -253,6 +261,7 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
   // The store every rank meets at.
   const std::string& method = options.init_method;
   c10::intrusive_ptr<c10d::Store> store;
+  std::function<c10::intrusive_ptr<c10d::Store>()> heartbeat_store;
   std::string master_host = "127.0.0.1";
   std::string where = method;  // for messages: the method, and the store's address under env://
   if (alone && method.rfind("env://", 0) == 0) {
@@ -296,13 +305,24 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
       throw std::runtime_error("ddp::init_process_group: " + message.str());
     }
     // The agent's store outlives restarts: each attempt keeps its keys apart, as torch.distributed does.
-    if (agent_store) {
-      store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(launch.restart_count), store);
-    }
+    const std::string attempt = "/worker/attempt_" + std::to_string(launch.restart_count);
+    if (agent_store) store = c10::make_intrusive<c10d::PrefixStore>(attempt, store);
+    // The heartbeat's own client: a short timeout, and no lock shared with the group's store.
+    heartbeat_store = [host = endpoint.host, port = store_options.port, agent_store, attempt] {
+      c10d::TCPStoreOptions client;
+      client.port = port;
+      client.isServer = false;
+      client.waitWorkers = false;
+      client.timeout = std::chrono::seconds(5);
+      c10::intrusive_ptr<c10d::Store> connection = compat::make_tcp_store(host, client);
+      if (agent_store) connection = c10::make_intrusive<c10d::PrefixStore>(attempt, connection);
+      return connection;
+    };
   } else if (method.rfind("file://", 0) == 0) {
     const std::string path = method.substr(7);
     if (path.empty()) fail("init_method 'file://' needs a path, e.g. file:///tmp/ddp_rendezvous");
     store = c10::make_intrusive<c10d::FileStore>(path, world_size);
+    heartbeat_store = [store] { return store; };  // a file has no connection to lose
   } else {
     fail("unknown init_method scheme in '" + method +
          "': use env:// (MASTER_ADDR/MASTER_PORT), tcp://host:port or file:///path");
@@ -316,16 +336,26 @@ ProcessGroupPtr new_process_group(const InitOptions& options) {
   // Return only once every rank has finished connecting (like torch.distributed's store-based
   // barrier): a rank that finishes first and exits at once would otherwise break a peer still in
   // Gloo's connectFullMesh ("Connection closed by peer").
-  rendezvous(*store, Arrival{"connected", rank, world_size}, options.timeout,
+  rendezvous(*store, Arrival{"connected", rank, world_size, /*run_id=*/"", /*check_identity=*/false}, options.timeout,
              where + " (after connecting " + backend + ")");
-  return group;
+  return Connection{group, world_size > 1 ? heartbeat_store : nullptr, rank, world_size};
 }
 
+}  // namespace
+
+ProcessGroupPtr new_process_group(const InitOptions& options) { return connect_group(options).group; }
+
+// The default group also gets the heartbeat that names a stalled rank when a collective fails.
 ProcessGroupPtr init_process_group(const InitOptions& options) {
-  auto group = new_process_group(options);
+  Connection connection = connect_group(options);
+  if (connection.heartbeat_store) {
+    detail::start_heartbeat(connection.heartbeat_store, connection.rank, connection.world_size);
+  } else {
+    detail::stop_heartbeat();
+  }
   std::lock_guard<std::mutex> lock(g_default_mutex);
-  g_default_group = group;
-  return group;
+  g_default_group = connection.group;
+  return connection.group;
 }
 
 bool is_initialized() {
@@ -343,6 +373,7 @@ ProcessGroupPtr default_group() {
 }
 
 void destroy_process_group() {
+  detail::stop_heartbeat();
   std::lock_guard<std::mutex> lock(g_default_mutex);
   g_default_group.reset();
 }

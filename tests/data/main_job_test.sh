@@ -119,7 +119,8 @@ case $mode in
 
   frozen)
     # A rank frozen mid-training (SIGSTOP): with --timeout 5 the job ends within seconds, rank 0
-    # naming the collective that timed out, instead of waiting PyTorch's default 30 minutes.
+    # naming the collective that timed out and rank 1 as the one that stopped, instead of waiting
+    # PyTorch's default 30 minutes.
     ddprun=$1 train=$2
     log=$(mktemp)
     "$ddprun" --standalone --nproc-per-node 2 --grace-period 2 -- "$train" --epochs 1 --timeout 5 >"$log" 2>&1 &
@@ -144,6 +145,9 @@ case $mode in
     [[ $code != 0 ]] || fail "the job succeeded with a frozen rank"
     ((took <= 30)) || fail "the job ended $took s after rank 1 froze; --timeout was 5 s"
     grep -q "hung past the timeout" <<<"$out" || fail "no rank said a peer hung past the timeout"
+    # The stall check (heartbeat.h) names the frozen rank.
+    grep -q "Stall check: rank 1 stopped (no heartbeat for 2.5 s" <<<"$out" || fail "rank 0 did not name rank 1 as stopped"
+    grep -m1 "Stall check" <<<"$out"
     echo "the job ended $took s after rank 1 froze (--timeout 5), exit code $code"
     ;;
 

@@ -1,5 +1,7 @@
 // Collectives that do not match across ranks: never a silently wrong result, never an abort the
 // program cannot catch; an error on every rank that says what each rank ran.
+#include <thread>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -56,6 +58,23 @@ DDP_WORKER(mismatched_ops) {
   require_mentions(roots, "from rank 1", "roots");
 }
 TEST(CollectiveSafety, DifferentCollectivesDtypesOrRootsAreNamed) { EXPECT_WORKERS_OK(run_workers("mismatched_ops", 2)); }
+
+// Issue 17, item 6: a collective that times out says which rank did not come, and why. Rank 1 is
+// alive but never calls the collective; rank 0's error names it (heartbeat.h). The frozen case
+// (SIGSTOP: "rank 1 stopped") is TrainFashionMnist.AFrozenRankEndsTheJobWithinTimeout.
+DDP_WORKER(stalled_rank) {
+  worker_init(std::chrono::seconds(3));
+  if (ddp::get_rank() == 1) {
+    std::this_thread::sleep_for(std::chrono::seconds(9));  // past rank 0's timeout and its stall check
+    return;
+  }
+  auto tensor = torch::ones({4});
+  const std::string message = error_of<ddp::CollectiveError>([&] { ddp::all_reduce(tensor); });
+  require_mentions(message, "Stall check: rank 1 is running but in no collective", "stall check");
+}
+TEST(CollectiveSafety, ATimedOutCollectiveNamesTheRankThatDidNotCome) {
+  EXPECT_WORKERS_OK(run_workers("stalled_rank", 2));
+}
 
 // Issue 17's silent wrong answer: rank 0 trains 4 DDP steps, rank 1 trains 3 and then all-reduces
 // a tensor exactly the size of the gradient bucket. That all_reduce used to pair with rank 0's 4th
