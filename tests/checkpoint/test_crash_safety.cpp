@@ -59,19 +59,9 @@ DDP_WORKER(rewrite_checkpoint_forever) {
 }
 
 pid_t spawn_writer(const std::string& dir, int64_t first_version) {
-  const std::string exe = std::filesystem::read_symlink("/proc/self/exe").string();
-  const std::vector<std::string> env = {"DDP_TEST_WORKER=rewrite_checkpoint_forever", "DDP_TEST_DIR=" + dir,
-                                        "RANK=0", "WORLD_SIZE=1", "OMP_NUM_THREADS=1",
-                                        "FIRST_VERSION=" + std::to_string(first_version)};
-  std::vector<char*> envp;
-  for (const auto& item : env) envp.push_back(const_cast<char*>(item.c_str()));
-  envp.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {  // exec at once: nothing of the parent's torch state runs in the child
-    execle(exe.c_str(), exe.c_str(), static_cast<char*>(nullptr), envp.data());
-    _exit(127);
-  }
-  return pid;
+  return ddp::test::spawn_worker("rewrite_checkpoint_forever",
+                                 {{"DDP_TEST_DIR", dir}, {"RANK", "0"}, {"WORLD_SIZE", "1"}, {"OMP_NUM_THREADS", "1"},
+                                  {"FIRST_VERSION", std::to_string(first_version)}});
 }
 
 TEST(CrashSafety, KillNineDuringWritesAlwaysLeavesALoadableCheckpoint) {
@@ -84,9 +74,14 @@ TEST(CrashSafety, KillNineDuringWritesAlwaysLeavesALoadableCheckpoint) {
   std::mt19937 random(12345);
   // At least 20 kills, and go on until 5 of them hit a write in progress (a kill can also land
   // while the next version is being serialized in memory, before its file is opened).
+  // The loop as a whole is bounded too (each writer start by 60 s, all of it by 4 minutes), so a
+  // slow machine fails the mid-write count below rather than running on.
   constexpr int kMinKills = 20, kMinMidWrite = 5, kMaxKills = 100;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::minutes(4);
   int kill_number = 0;
-  for (; kill_number < kMinKills || (killed_mid_write < kMinMidWrite && kill_number < kMaxKills); ++kill_number) {
+  for (; (kill_number < kMinKills || (killed_mid_write < kMinMidWrite && kill_number < kMaxKills)) &&
+         std::chrono::steady_clock::now() < give_up;
+       ++kill_number) {
     const pid_t pid = spawn_writer(dir, last_version + 1);
     ASSERT_GT(pid, 0);
     const std::string started = dir + "/started." + std::to_string(last_version + 1);

@@ -65,23 +65,43 @@ void remove_tree(const std::string& path) {
 }
 
 int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   address.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address));
   socklen_t length = sizeof(address);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
-  close(fd);
+  const bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  if (fd >= 0) close(fd);
+  if (!ok) throw std::runtime_error(std::string("free_port: no port from the kernel: ") + std::strerror(errno));
   return ntohs(address.sin_port);
+}
+
+pid_t spawn_worker(const std::string& worker, const std::map<std::string, std::string>& env, const std::string& log) {
+  if (registry().count(worker) == 0) throw std::invalid_argument("no DDP_WORKER named " + worker);
+  const std::string exe = self_executable();
+  const pid_t pid = fork();
+  if (pid == 0) {  // exec at once: nothing of the parent's torch state runs in the child
+    setpgid(0, 0);  // its own group: a kill of the group takes any grandchildren too
+    setenv("DDP_TEST_WORKER", worker.c_str(), 1);
+    for (const auto& [key, value] : env) setenv(key.c_str(), value.c_str(), 1);
+    if (!log.empty()) {
+      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    execl(exe.c_str(), exe.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  if (pid < 0) throw std::runtime_error(std::string("spawn_worker: fork failed: ") + std::strerror(errno));
+  return pid;
 }
 
 std::vector<WorkerResult> run_workers(const std::string& worker, int world_size, const RunOptions& options) {
   if (registry().count(worker) == 0) throw std::invalid_argument("no DDP_WORKER named " + worker);
   const bool own_dir = options.shared_dir.empty();
   const std::string dir = own_dir ? make_temp_dir("ddp_test_") : options.shared_dir;
-  const std::string exe = self_executable();
   // A fresh rendezvous file per run: FileStore keys must not leak between runs.
   const std::string store_file = make_temp_dir("ddp_store_") + "/store";
 
@@ -89,25 +109,14 @@ std::vector<WorkerResult> run_workers(const std::string& worker, int world_size,
   std::vector<WorkerResult> results(world_size);
   for (int rank = 0; rank < world_size; ++rank) {
     std::map<std::string, std::string> env = {
-        {"DDP_TEST_WORKER", worker}, {"RANK", std::to_string(rank)}, {"LOCAL_RANK", std::to_string(rank)},
+        {"RANK", std::to_string(rank)}, {"LOCAL_RANK", std::to_string(rank)},
         {"WORLD_SIZE", std::to_string(world_size)}, {"DDP_TEST_DIR", dir},
         {"DDP_TEST_STORE", store_file}, {"OMP_NUM_THREADS", "1"}};
     for (const auto& [key, value] : options.env) env[key] = value;
     if (auto it = options.rank_env.find(rank); it != options.rank_env.end()) {
       for (const auto& [key, value] : it->second) env[key] = value;
     }
-    const std::string log = dir + "/worker_" + std::to_string(rank) + ".log";
-    const pid_t pid = fork();
-    if (pid == 0) {
-      setpgid(0, 0);  // its own group: a timeout kill takes any grandchildren too
-      for (const auto& [key, value] : env) setenv(key.c_str(), value.c_str(), 1);
-      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-      execl(exe.c_str(), exe.c_str(), static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    pids[rank] = pid;
+    pids[rank] = spawn_worker(worker, env, dir + "/worker_" + std::to_string(rank) + ".log");
     results[rank].rank = rank;
   }
 

@@ -8,6 +8,8 @@
 //     ...; ddp::test::require(ok, "what went wrong");
 //   }
 //   TEST(X, Y) { EXPECT_WORKERS_OK(ddp::test::run_workers("allreduce_sums", 2)); }
+#include <sys/types.h>
+
 #include <chrono>
 #include <map>
 #include <string>
@@ -60,6 +62,11 @@ struct WorkerRegistrar {
 int main_with_workers(int argc, char** argv);
 // A free TCP port on 127.0.0.1 (for tests of env:// / tcp://).
 int free_port();
+// Starts one worker process now (this executable again, fork + exec at once, in its own process
+// group) with `env` added; its output goes to `log` when given. run_workers uses it; a test that
+// kills or times its workers itself calls it directly. Returns the pid.
+pid_t spawn_worker(const std::string& worker, const std::map<std::string, std::string>& env,
+                   const std::string& log = "");
 std::string make_temp_dir(const std::string& prefix);
 void remove_tree(const std::string& path);
 
