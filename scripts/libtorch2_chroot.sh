@@ -13,6 +13,7 @@
 #   SUITE       Debian suite (default trixie)
 #   JOBS        parallel build jobs (default: nproc)
 #   PREPARE_ONLY=1  stop once the chroot and its packages are in place (no build, no tests)
+#   TARGETS     build only these targets (e.g. "ddp_amp_tests ddp_nn_tests"; pair with -R for ctest)
 #
 # Steps: debootstrap (skipped when the chroot exists) -> apt-get install the build dependencies
 # (skipped when installed) -> bind-mount this checkout at /src -> configure and build into the
@@ -101,7 +102,7 @@ fi
 # --- 2. configure, build, test --------------------------------------------------------------------
 log "LibTorch in the chroot: libtorch-dev $(in_chroot "dpkg-query -W -f='\${Version}' libtorch-dev")"
 in_chroot "[ -f /root/build/build.ninja ] || cmake -S /src -B /root/build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null"
-in_chroot "cmake --build /root/build -j $JOBS"
+in_chroot "cmake --build /root/build -j $JOBS ${TARGETS:+--target $TARGETS}"
 log "test suite against LibTorch $(in_chroot "cat /root/build/libtorch_version.txt")"
 ctest_args=""
 [[ $# -gt 0 ]] && ctest_args=$(printf '%q ' "$@")
