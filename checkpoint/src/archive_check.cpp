@@ -9,12 +9,12 @@
 // just those checked records, so nothing unchecked (debug records) is read.
 #include "archive_check.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <set>
 #include <string_view>
 
-#include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
 
 #include "pickle_check.h"
@@ -30,8 +30,25 @@ uint64_t little_endian(const std::vector<char>& zip, std::size_t at, std::size_t
 }
 
 bool signature_at(const std::vector<char>& zip, std::size_t at, char kind_a, char kind_b) {
-  return at + 4 <= zip.size() && zip[at] == 'P' && zip[at + 1] == 'K' && zip[at + 2] == kind_a && zip[at + 3] == kind_b;
+  return at <= zip.size() && zip.size() - at >= 4 && zip[at] == 'P' && zip[at + 1] == 'K' && zip[at + 2] == kind_a &&
+         zip[at + 3] == kind_b;
 }
+
+// LibTorch's MemoryReadAdapter copies whatever range it is asked for; this one stops at the end.
+class BoundedReadAdapter : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BoundedReadAdapter(const std::vector<char>& bytes) : bytes_(bytes) {}
+  size_t size() const override { return bytes_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* what = "") const override {
+    if (pos >= bytes_.size()) return 0;
+    const size_t count = std::min<uint64_t>(n, bytes_.size() - pos);
+    std::memcpy(buf, bytes_.data() + pos, count);
+    return count;
+  }
+
+ private:
+  const std::vector<char>& bytes_;
+};
 
 bool starts_with(std::string_view text, std::string_view prefix) { return text.substr(0, prefix.size()) == prefix; }
 bool ends_with(std::string_view text, std::string_view suffix) {
@@ -140,56 +157,77 @@ void check_pickle_record(caffe2::serialize::PyTorchStreamReader& reader, const s
   }
 }
 
-caffe2::serialize::PyTorchStreamReader reader_of(const std::vector<char>& zip) {
-  return caffe2::serialize::PyTorchStreamReader(
-      std::make_shared<caffe2::serialize::MemoryReadAdapter>(zip.data(), static_cast<off_t>(zip.size())));
-}
-
 }  // namespace
+
+caffe2::serialize::PyTorchStreamReader reader_of(const std::vector<char>& zip) {
+  return caffe2::serialize::PyTorchStreamReader(std::make_shared<BoundedReadAdapter>(zip));
+}
 
 // --- (1) the zip directory -------------------------------------------------------------------------------
 std::map<std::string, uint64_t> archive_records(const std::vector<char>& zip) {
-  // The end-of-central-directory record: 22 bytes plus a comment of up to 64 KiB, at the end.
-  std::size_t eocd = zip.size() < 22 ? std::string::npos : zip.size() - 22;
-  const std::size_t lowest = zip.size() > 22 + 0xffff ? zip.size() - 22 - 0xffff : 0;
-  while (eocd != std::string::npos && eocd >= lowest &&
-         !(signature_at(zip, eocd, 5, 6) && eocd + 22 + little_endian(zip, eocd + 20, 2) == zip.size())) {
-    eocd = eocd == 0 ? std::string::npos : eocd - 1;
+  // Every range LibTorch's zip reader (miniz, through adapters that do not check bounds) will read
+  // is checked to lie inside the archive, with sums that cannot overflow.
+  const uint64_t total = zip.size();
+  auto inside = [&](uint64_t at, uint64_t length) { return at <= total && length <= total - at; };
+  // The end-of-central-directory record closes the archive, without a comment: so every writer of
+  // ours and torch.save leave it, and where it is, miniz finds it too.
+  if (total < 22 || !signature_at(zip, total - 22, 5, 6) || little_endian(zip, total - 2, 2) != 0) {
+    throw PickleError("the zip archive does not end with its directory record");
   }
-  if (eocd == std::string::npos || eocd < lowest) throw PickleError("the zip archive has no directory record at its end");
+  const std::size_t eocd = zip.size() - 22;
   uint64_t entries = little_endian(zip, eocd + 10, 2);
+  uint64_t directory_size = little_endian(zip, eocd + 12, 4);
   uint64_t directory = little_endian(zip, eocd + 16, 4);
   if (eocd >= 20 && signature_at(zip, eocd - 20, 6, 7)) {  // ZIP64: the real numbers are in its own record
-    const std::size_t eocd64 = static_cast<std::size_t>(little_endian(zip, eocd - 20 + 8, 8));
-    if (!signature_at(zip, eocd64, 6, 6)) throw PickleError("the zip archive's ZIP64 directory record is missing");
+    const uint64_t eocd64 = little_endian(zip, eocd - 20 + 8, 8);
+    if (!inside(eocd64, 56) || !signature_at(zip, static_cast<std::size_t>(eocd64), 6, 6)) {
+      throw PickleError("the zip archive's ZIP64 directory record is missing");
+    }
     entries = little_endian(zip, eocd64 + 32, 8);
+    directory_size = little_endian(zip, eocd64 + 40, 8);
     directory = little_endian(zip, eocd64 + 48, 8);
   }
+  if (!inside(directory, directory_size)) throw PickleError("the zip directory lies outside the archive");
   std::map<std::string, uint64_t> records;
   std::string prefix;  // every name starts with the archive's folder ("archive/"), which LibTorch drops
-  std::size_t at = static_cast<std::size_t>(std::min<uint64_t>(directory, zip.size()));
+  uint64_t at = directory;
+  const uint64_t directory_end = directory + directory_size;
   for (uint64_t i = 0; i < entries; ++i) {
-    if (!signature_at(zip, at, 1, 2)) throw PickleError("the zip directory is damaged at entry " + std::to_string(i));
-    uint64_t size = little_endian(zip, at + 24, 4);
-    const std::size_t name_size = static_cast<std::size_t>(little_endian(zip, at + 28, 2));
-    const std::size_t extra_size = static_cast<std::size_t>(little_endian(zip, at + 30, 2));
-    const std::size_t comment_size = static_cast<std::size_t>(little_endian(zip, at + 32, 2));
-    little_endian(zip, at + 46, name_size + extra_size);  // bounds
-    const std::string name(zip.data() + at + 46, name_size);
-    if (size == 0xffffffffu) {  // ZIP64: the size is the first field of the extra block 0x0001
-      std::size_t field = at + 46 + name_size;
-      const std::size_t fields_end = field + extra_size;
-      bool found = false;
-      while (field + 4 <= fields_end && !found) {
-        const uint64_t id = little_endian(zip, field, 2), length = little_endian(zip, field + 2, 2);
-        if (id == 1 && length >= 8) {
-          size = little_endian(zip, field + 4, 8);
-          found = true;
-        }
-        field += 4 + static_cast<std::size_t>(length);
-      }
-      if (!found) throw PickleError("the zip directory entry of " + name + " lacks its ZIP64 size");
+    const std::string entry = "zip directory entry " + std::to_string(i);
+    if (at > directory_end || directory_end - at < 46 || !signature_at(zip, static_cast<std::size_t>(at), 1, 2)) {
+      throw PickleError("the " + entry + " is damaged");
     }
+    const uint64_t method = little_endian(zip, at + 10, 2);
+    uint64_t compressed = little_endian(zip, at + 20, 4);
+    uint64_t size = little_endian(zip, at + 24, 4);
+    const uint64_t name_size = little_endian(zip, at + 28, 2);
+    const uint64_t extra_size = little_endian(zip, at + 30, 2);
+    const uint64_t comment_size = little_endian(zip, at + 32, 2);
+    uint64_t local = little_endian(zip, at + 42, 4);
+    if (directory_end - at - 46 < name_size + extra_size + comment_size) throw PickleError("the " + entry + " is cut short");
+    const std::string name(zip.data() + at + 46, static_cast<std::size_t>(name_size));
+    // ZIP64: the fields that read 0xffffffff follow in the extra block 0x0001, in this order.
+    for (uint64_t field = at + 46 + name_size, end = field + extra_size; field + 4 <= end;) {
+      const uint64_t id = little_endian(zip, field, 2), length = little_endian(zip, field + 2, 2);
+      if (length > end - field - 4) throw PickleError("the " + entry + " (" + name + ") has a damaged extra field");
+      uint64_t value = field + 4;
+      for (uint64_t* wide : {&size, &compressed, &local}) {
+        if (id == 1 && *wide == 0xffffffffu && value + 8 <= field + 4 + length) {
+          *wide = little_endian(zip, value, 8);
+          value += 8;
+        }
+      }
+      field += 4 + length;
+    }
+    // Stored, or deflated (TorchScript code is) to a size a zip reader can allocate; the data
+    // inside the archive.
+    const bool stored = method == 0 && compressed == size, deflated = method == 8 && size <= (uint64_t{1} << 30);
+    if (!stored && !deflated) throw PickleError("record " + name + " is stored in a way no checkpoint is");
+    if (!inside(local, 30) || !signature_at(zip, static_cast<std::size_t>(local), 3, 4)) {
+      throw PickleError("record " + name + " has no header where the directory says");
+    }
+    const uint64_t data = local + 30 + little_endian(zip, local + 26, 2) + little_endian(zip, local + 28, 2);
+    if (!inside(data, compressed)) throw PickleError("record " + name + " runs past the end of the archive");
     if (i == 0) prefix = name.substr(0, name.find('/') + 1);
     if (prefix.empty() || !starts_with(name, prefix)) throw PickleError("the zip archive's records are not in one folder");
     if (!records.emplace(name.substr(prefix.size()), size).second) throw PickleError("the zip archive holds " + name + " twice");

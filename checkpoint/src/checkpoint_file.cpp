@@ -12,7 +12,6 @@
 #include <map>
 #include <sstream>
 
-#include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickle.h>
@@ -21,6 +20,7 @@
 
 #include "archive_check.h"
 #include "error_text.h"
+#include "pickle_check.h"
 
 namespace ddp {
 namespace {
@@ -135,8 +135,7 @@ std::optional<std::string> plain_dict_pickle(const std::string& pickle) {
 
 // The same archive with data.pkl rewritten by plain_dict_pickle, or nullopt if not needed.
 std::optional<std::vector<char>> with_plain_dict(const std::vector<char>& zip) {
-  caffe2::serialize::PyTorchStreamReader reader(
-      std::make_shared<caffe2::serialize::MemoryReadAdapter>(zip.data(), static_cast<off_t>(zip.size())));
+  auto reader = reader_of(zip);
   if (!reader.hasRecord("data.pkl")) return std::nullopt;
   auto [data, size] = reader.getRecord("data.pkl");
   const auto pickle = plain_dict_pickle(std::string(static_cast<const char*>(data.get()), size));
@@ -157,6 +156,17 @@ std::optional<std::vector<char>> with_plain_dict(const std::vector<char>& zip) {
   }
   writer.writeEndOfFile();
   return out;
+}
+
+// A checksum says the file is as written, not that it was written by a zip writer: its zip
+// structure is checked before any LibTorch reader gets it (archive_check.h).
+std::vector<char> sound_archive(std::vector<char> bytes, const std::string& path) {
+  try {
+    archive_records(bytes);
+  } catch (const PickleError& error) {
+    throw CheckpointError(path + " is not a sound zip archive: " + error.what());
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -209,7 +219,7 @@ std::vector<char> read_checkpoint_file(const std::string& path, bool allow_plain
                             hex_bytes(bytes.data(), head) + ", a checkpoint's are 50 4b 03 04)");
     }
     if (ends_with_plain_eocd(bytes)) {
-      if (allow_plain) return bytes;
+      if (allow_plain) return sound_archive(std::move(bytes), path);
       throw CheckpointError(path + " is a plain PyTorch file without a torchddp checkpoint trailer "
                             "(written by torch.save?); read it with ddp::load_state_dict(path)");
     }
@@ -238,7 +248,7 @@ std::vector<char> read_checkpoint_file(const std::string& path, bool allow_plain
   bytes.resize(payload);  // what zip readers see is unchanged: the comment is simply shorter
   bytes[payload - 2] = 0;
   bytes[payload - 1] = 0;
-  return bytes;
+  return sound_archive(std::move(bytes), path);
 }
 
 std::vector<char> make_state_dict_archive(
@@ -323,8 +333,7 @@ StateDict parse_state_dict_archive(const std::vector<char>& zip, const std::stri
 std::optional<std::string> read_archive_record(const std::vector<char>& zip, const std::string& name,
                                                const std::string& path) {
   try {
-    caffe2::serialize::PyTorchStreamReader reader(
-        std::make_shared<caffe2::serialize::MemoryReadAdapter>(zip.data(), static_cast<off_t>(zip.size())));
+    auto reader = reader_of(zip);
     if (!reader.hasRecord(name)) return std::nullopt;
     auto [data, size] = reader.getRecord(name);
     return std::string(static_cast<const char*>(data.get()), size);

@@ -1,7 +1,8 @@
 // libFuzzer target: ddp::load_checkpoint on any bytes. The input is a checkpoint's archive (the
 // file without its trailer); the target seals it with a fresh, valid trailer first, so damage
 // anywhere inside reaches the readers behind the checksum, as it does for a file someone altered
-// and re-sealed (issue 17). The rule checked: every input either loads or is refused with a
+// and re-sealed (issue 17). Each input is loaded twice, as a checkpoint (load_checkpoint) and as a
+// model state (load_state_dict). The rule checked: every load succeeds or is refused with a
 // ddp::CheckpointError; anything else escaping, or a crash, is a finding.
 //
 // Built two ways (CMakeLists.txt beside this file): with clang -fsanitize=fuzzer by
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -89,16 +91,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (ends_with_plain_zip_directory(bytes)) ddp::seal_archive(bytes);  // else as is: the trailer check's turn
   std::ofstream(scratch_path(), std::ios::binary | std::ios::trunc)
       .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  Net net;
-  torch::optim::Adam optimizer(net->parameters());
-  ddp::GradScaler scaler;
-  try {
+  // Refused with a message is the expected outcome for a damaged file; anything else escapes.
+  auto attempt = [](int& loaded, const std::function<void()>& load) {
+    try {
+      load();
+      ++loaded;
+    } catch (const ddp::CheckpointError& error) {
+      ++ddp::fuzz::outcomes.refused;
+      ddp::fuzz::outcomes.last_error = error.what();
+    }
+  };
+  // 1. The whole checkpoint, as a resumed job reads it.
+  attempt(ddp::fuzz::outcomes.loaded_checkpoint, [] {
+    Net net;
+    torch::optim::Adam optimizer(net->parameters());
+    ddp::GradScaler scaler;
     ddp::load_checkpoint(scratch_path(), *net, &optimizer, ddp::LoadOptions().state("scaler", &scaler));
-    ++ddp::fuzz::outcomes.loaded;
-  } catch (const ddp::CheckpointError& error) {
-    // Refused, with a message: the expected outcome for a damaged file.
-    ++ddp::fuzz::outcomes.refused;
-    ddp::fuzz::outcomes.last_error = error.what();
-  }
+  });
+  // 2. The model state alone, as ddp::load_state_dict reads it: also files from Python's
+  //    torch.save, whose pickle is rewritten before LibTorch reads it.
+  attempt(ddp::fuzz::outcomes.loaded_state_dict, [] { ddp::load_state_dict(scratch_path()); });
   return 0;
 }

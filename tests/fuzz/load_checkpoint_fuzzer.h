@@ -7,8 +7,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 
 namespace ddp::fuzz {
 struct Outcomes {
-  int loaded = 0;
-  int refused = 0;  // with a CheckpointError
+  int loaded_checkpoint = 0;  // load_checkpoint succeeded
+  int loaded_state_dict = 0;  // load_state_dict succeeded
+  int refused = 0;            // either refused with a CheckpointError
   std::string last_error;
 };
 extern Outcomes outcomes;

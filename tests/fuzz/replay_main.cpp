@@ -1,7 +1,8 @@
 // Runs files through the fuzz target without libFuzzer (any compiler):
-//   fuzz_replay FILE_OR_DIR...     each file once, printing what became of it. A file named seed-*
-//                                  must load; any other may load or be refused with a
-//                                  CheckpointError; a crash ends the process.
+//   fuzz_replay FILE_OR_DIR...     each file once, printing what became of it. A seed-checkpoint-*
+//                                  file must load both ways, a seed-state-dict-* file as a state
+//                                  dict; any other may load or be refused with a CheckpointError; a
+//                                  crash ends the process.
 //   fuzz_replay --write-seed FILE  writes a seed input (load_checkpoint_fuzzer.h)
 #include <algorithm>
 #include <filesystem>
@@ -34,16 +35,22 @@ int main(int argc, char** argv) {
   for (const auto& file : files) {
     std::ifstream in(file, std::ios::binary);
     const std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const int loaded_before = ddp::fuzz::outcomes.loaded;
+    const ddp::fuzz::Outcomes before = ddp::fuzz::outcomes;
     LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-    const bool loaded = ddp::fuzz::outcomes.loaded > loaded_before;
-    std::cout << file.filename().string() << ": " << (loaded ? "loaded" : "refused: " + ddp::fuzz::outcomes.last_error) << "\n";
-    if (file.filename().string().rfind("seed-", 0) == 0 && !loaded) {
-      std::cerr << "a seed must load\n";
+    const bool as_checkpoint = ddp::fuzz::outcomes.loaded_checkpoint > before.loaded_checkpoint;
+    const bool as_state_dict = ddp::fuzz::outcomes.loaded_state_dict > before.loaded_state_dict;
+    const std::string name = file.filename().string();
+    std::cout << name << ": checkpoint " << (as_checkpoint ? "loaded" : "refused") << ", state dict "
+              << (as_state_dict ? "loaded" : "refused")
+              << (ddp::fuzz::outcomes.refused > before.refused ? " (last refusal: " + ddp::fuzz::outcomes.last_error + ")" : "")
+              << "\n";
+    if ((name.rfind("seed-checkpoint-", 0) == 0 && !as_checkpoint) || (name.rfind("seed-", 0) == 0 && !as_state_dict)) {
+      std::cerr << "a seed-checkpoint-* file must load both ways, a seed-state-dict-* file as a state dict\n";
       return 1;
     }
   }
-  std::cout << files.size() << " inputs: " << ddp::fuzz::outcomes.loaded << " loaded, " << ddp::fuzz::outcomes.refused
-            << " refused with a CheckpointError, none crashed\n";
+  std::cout << files.size() << " inputs, each loaded twice: " << ddp::fuzz::outcomes.loaded_checkpoint
+            << " loaded as checkpoints, " << ddp::fuzz::outcomes.loaded_state_dict << " as state dicts, "
+            << ddp::fuzz::outcomes.refused << " loads refused with a CheckpointError, none crashed\n";
   return 0;
 }
