@@ -275,4 +275,28 @@ TEST_F(Corruption, DamageBehindAValidChecksumIsRefusedNotRun) {
   }
 }
 
+// The zip directory of a re-sealed file points past its end: LibTorch's zip reader would copy
+// from there (it did: a SEGV the fuzzer found). Refused before any LibTorch reader runs.
+TEST_F(Corruption, AZipDirectoryOutsideTheFileIsRefused) {
+  std::vector<char> archive = ddp::read_checkpoint_file(path_);
+  auto put = [&](std::size_t at, uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; ++i) archive[at + i] = static_cast<char>((value >> (8 * i)) & 0xff);
+  };
+  const std::size_t eocd = archive.size() - 22;
+  const bool zip64 = archive[eocd - 20] == 'P' && archive[eocd - 19] == 'K' && archive[eocd - 18] == 6;
+  if (zip64) {  // the directory's offset is in the ZIP64 record the locator points to
+    uint64_t record = 0;
+    for (int i = 0; i < 8; ++i) record |= static_cast<uint64_t>(static_cast<unsigned char>(archive[eocd - 12 + i])) << (8 * i);
+    put(static_cast<std::size_t>(record) + 48, ~uint64_t{0} - 16, 8);
+  } else {
+    put(eocd + 16, 0xfffffff0u, 4);
+  }
+  ddp::seal_archive(archive);
+  const std::string file = dir_ + "/directory-outside.pt";
+  std::ofstream(file, std::ios::binary).write(archive.data(), static_cast<std::streamsize>(archive.size()));
+  EXPECT_EQ(load_error(file), file + " is not a sound zip archive: the zip directory lies outside the archive");
+  EXPECT_EQ(ddp::test::error_of<ddp::CheckpointError>([&] { ddp::load_state_dict(file); }),
+            file + " is not a sound zip archive: the zip directory lies outside the archive");
+}
+
 }  // namespace
