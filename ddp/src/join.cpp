@@ -2,6 +2,7 @@
 #include "ddp/join.h"
 
 #include <sstream>
+#include <utility>
 
 #include <ATen/ATen.h>
 
@@ -20,10 +21,23 @@ std::string list(const std::vector<int>& ranks) {
 
 }  // namespace
 
+// One join check: [active ranks, syncing ranks, one flag per rank that is still active], summed.
+struct Join::Check {
+  int64_t iteration = 0;
+  at::Tensor flags;  // on the collective's device
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
 Join::Join(std::vector<std::reference_wrapper<Joinable>> joinables, JoinOptions options)
     : joinables_(std::move(joinables)), options_(std::move(options)) {
   if (joinables_.empty()) throw std::invalid_argument("ddp::Join: give it at least one joinable (the DDP model)");
   group_ = joinables_.front().get().join_process_group();
+}
+
+Join::~Join() = default;
+
+bool Join::waits_for_check() const {
+  return options_.throw_on_early_termination() || !options_.divide_by_initial_world_size();
 }
 
 void Join::run(const std::function<void()>& loop) {
@@ -40,18 +54,27 @@ void Join::run(const std::function<void()>& loop) {
       for (size_t i = 0; i < join->joinables_.size(); ++i) join->joinables_[i].get().join_attach(nullptr, i);
     }
   } attached(this);
+  status_ = everyone_active();
+  pending_.reset();
 
   // 1. This rank's own loop; every iteration's join check runs inside it (notify).
   loop();
+
+  // What the others' next iteration runs under when they do not wait for its check: this rank's
+  // last check (it was still active then).
+  JoinStatus previous = pending_ ? read_check(*std::exchange(pending_, nullptr)) : status_;
 
   // 2-3. Out of inputs: take part in the others' iterations until no rank is active.
   bool last_joiner = true;  // no rank was active after this one's loop ended
   JoinStatus last;
   while (true) {
-    last = check(/*active=*/false, /*sync=*/false);
+    last = read_check(*launch_check(/*active=*/false, /*sync=*/false));
     if (last.active.empty()) break;
     if (options_.throw_on_early_termination()) throw_early_termination(last);
-    for (auto& joinable : joinables_) joinable.get().join_shadow(last);
+    JoinStatus iteration = last;
+    if (!waits_for_check()) iteration.active = previous.active;  // as the active ranks run it
+    for (auto& joinable : joinables_) joinable.get().join_shadow(iteration);
+    previous = std::move(last);
     last_joiner = false;
   }
 
@@ -67,17 +90,24 @@ void Join::run(const std::function<void()>& loop) {
 }
 
 const JoinStatus& Join::notify(size_t index, bool sync) {
-  if (index == 0) {
-    status_ = check(/*active=*/true, sync);
+  if (index != 0) return status_;
+  if (waits_for_check()) {
+    status_ = read_check(*launch_check(/*active=*/true, sync));
     if (options_.throw_on_early_termination() && static_cast<int>(status_.active.size()) < status_.world_size) {
       throw_early_termination(status_);
     }
+    return status_;
   }
+  // The previous iteration's check has had a whole iteration to complete: reading it rarely waits.
+  JoinStatus previous = pending_ ? read_check(*pending_) : status_;
+  pending_ = launch_check(/*active=*/true, sync);
+  status_ = std::move(previous);
+  status_.iteration = pending_->iteration;
+  status_.sync = sync;
   return status_;
 }
 
-// One small allreduce: [active ranks, syncing ranks, one flag per rank that is still active].
-JoinStatus Join::check(bool active, bool sync) {
+std::unique_ptr<Join::Check> Join::launch_check(bool active, bool sync) {
   const int world = group_->getSize(), rank = group_->getRank();
   if (detail::debug_level() == detail::DebugLevel::kDetail) {
     detail::verify_same_collective(group_, {detail::CollectiveOp::kJoin, -1, at::kLong, 2 + world}, "ddp::Join");
@@ -89,15 +119,22 @@ JoinStatus Join::check(bool active, bool sync) {
     f[1] = sync ? 1 : 0;
     f[2 + rank] = 1;
   }
-  at::Tensor on_device = flags.to(collective_device(group_));
-  std::vector<at::Tensor> tensors{on_device};
-  detail::wait_collective(group_->allreduce(tensors), "ddp::Join: the check of which ranks still have inputs");
-  flags = on_device.cpu();
+  auto check = std::make_unique<Check>();
+  check->iteration = ++iterations_;
+  check->flags = flags.to(collective_device(group_));
+  std::vector<at::Tensor> tensors{check->flags};
+  check->work = group_->allreduce(tensors);
+  return check;
+}
+
+JoinStatus Join::read_check(Check& check) const {
+  detail::wait_collective(check.work, "ddp::Join: the check of which ranks still have inputs");
+  const at::Tensor flags = check.flags.cpu();
   const auto* f = flags.data_ptr<int64_t>();
   JoinStatus status;
-  status.iteration = ++iterations_;
-  status.world_size = world;
-  for (int r = 0; r < world; ++r) {
+  status.iteration = check.iteration;
+  status.world_size = group_->getSize();
+  for (int r = 0; r < status.world_size; ++r) {
     if (f[2 + r] != 0) status.active.push_back(r);
   }
   status.sync = f[1] > 0;
@@ -107,6 +144,14 @@ JoinStatus Join::check(bool active, bool sync) {
                           " active ranks synchronize gradients and the others are inside no_sync(); every rank "
                           "must use no_sync() in the same iterations");
   }
+  return status;
+}
+
+// Before the first check: every rank is taken to have inputs.
+JoinStatus Join::everyone_active() const {
+  JoinStatus status;
+  status.world_size = group_->getSize();
+  for (int r = 0; r < status.world_size; ++r) status.active.push_back(r);
   return status;
 }
 

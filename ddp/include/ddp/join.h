@@ -21,12 +21,22 @@
 //   4. once every rank is done: each joinable finishes (DDP: parameters and buffers from the
 //      highest rank that was active last)
 //
+// The check costs a round trip, so active ranks do not wait for it (the default): they launch it
+// at the start of an iteration and read it at the start of the next, by when it has long
+// completed; an iteration runs under what the previous check said (JoinStatus::active: the ranks
+// active one iteration earlier, which includes the rank that just ran out: its buffers are those
+// of its last forward, as good a source as any). Only a rank that ran out waits for the check, to
+// learn whether it must shadow. Two options need the answer within the iteration itself and make
+// active ranks wait for it, as PyTorch always does: throw_on_early_termination (stop before the
+// iteration runs) and divide_by_initial_world_size(false) (the divisor is the active count).
+//
 // Why a call that takes the loop (run) rather than a scope object: the shadowing after the loop
 // runs collectives that can fail (a dead peer, throw_on_early_termination); from run() such
 // errors reach the caller as exceptions, and the shadowing can be neither forgotten nor skipped.
 // A destructor could do neither.
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,7 +53,8 @@ class Join;
 struct JoinStatus {
   int64_t iteration = 0;       // iterations checked so far by this Join, this one included
   int world_size = 0;
-  std::vector<int> active;     // ranks that still had inputs, ascending
+  std::vector<int> active;     // ranks that still had inputs, ascending (by default as of the
+                               // previous iteration's check: see above)
   bool sync = true;            // the active ranks synchronize gradients (no no_sync())
   // The rank others take state from: the highest active rank (rank 0 may have run out).
   int authoritative_rank() const { return active.empty() ? 0 : active.back(); }
@@ -92,6 +103,9 @@ class Join {
   Join(std::vector<std::reference_wrapper<Joinable>> joinables, JoinOptions options = {});
   Join(std::initializer_list<std::reference_wrapper<Joinable>> joinables, JoinOptions options = {})
       : Join(std::vector<std::reference_wrapper<Joinable>>(joinables), std::move(options)) {}
+  ~Join();
+  Join(const Join&) = delete;
+  Join& operator=(const Join&) = delete;
 
   // Runs `loop` (this rank's training loop over its own inputs), then shadows the other ranks
   // until every rank's loop has ended, then finishes every joinable. Collective: every rank calls
@@ -107,13 +121,19 @@ class Join {
   const JoinOptions& options() const { return options_; }
 
  private:
-  JoinStatus check(bool active, bool sync);
+  struct Check;  // a launched join check
+  // Whether active ranks wait for each iteration's check before running it (see above).
+  bool waits_for_check() const;
+  std::unique_ptr<Check> launch_check(bool active, bool sync);
+  JoinStatus read_check(Check& check) const;
+  JoinStatus everyone_active() const;
   [[noreturn]] void throw_early_termination(const JoinStatus& status) const;
 
   std::vector<std::reference_wrapper<Joinable>> joinables_;
   JoinOptions options_;
   ProcessGroupPtr group_;
-  JoinStatus status_;
+  JoinStatus status_;               // what this rank's current iteration runs under
+  std::unique_ptr<Check> pending_;  // this rank's check not read yet (when active ranks do not wait)
   int64_t iterations_ = 0;
 };
 
