@@ -23,6 +23,7 @@
 
 #include "backends.h"
 #include "compat.h"
+#include "error_text.h"
 #include "heartbeat.h"
 #include "parse_int.h"
 #include "ddp/launch_environment.h"
@@ -193,7 +194,7 @@ void rendezvous(c10d::Store& store, const Arrival& me, std::chrono::milliseconds
     throw std::runtime_error("ddp::init_process_group: rank " + std::to_string(me.rank) +
                              " lost the store at " + where + " after " + waited() +
                              " s: the process hosting it (rank 0, or the launcher) exited or crashed. (" +
-                             error.what() + ")");
+                             error_text(error) + ")");
   }
 }
 
@@ -296,11 +297,11 @@ Connection connect_group(const InitOptions& options) {
       std::ostringstream message;
       if (rank == 0) {
         message << "rank 0 could not host the store on port " << endpoint.port
-                << " (is the port already in use? pick another MASTER_PORT): " << error.what();
+                << " (is the port already in use? pick another MASTER_PORT): " << error_text(error);
       } else {
         message << "rank " << rank << " could not reach the master store at " << endpoint.host << ":"
                 << endpoint.port << " within " << options.timeout.count() / 1000.0
-                << " s: is rank 0 running, and are MASTER_ADDR/MASTER_PORT right? (" << error.what() << ")";
+                << " s: is rank 0 running, and are MASTER_ADDR/MASTER_PORT right? (" << error_text(error) << ")";
       }
       throw std::runtime_error("ddp::init_process_group: " + message.str());
     }
