@@ -11,9 +11,7 @@
 // Timing job: every variant of one model is built in one process and run in interleaved rounds,
 // so machine noise hits all variants alike. Memory job: one variant alone in fresh processes,
 // so its peak RSS is its own. Rank 0 writes JSON; the parent merges it (report.cpp).
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -36,6 +34,7 @@
 
 #include "models.h"
 #include "options.h"
+#include "procutil.h"
 #include "report.h"
 #include "stats.h"
 #include "variants.h"
@@ -287,46 +286,22 @@ int run_rank(const Options& o) {
 // The parent: spawn ranks per job
 // ------------------------------------------------------------------------------------------------
 
-// A port the kernel just handed out; free again by the time the ranks bind it (almost always).
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    throw std::runtime_error("could not find a free port");
-  }
-  const int port = ntohs(address.sin_port);
-  close(fd);
-  return port;
-}
-
 // Forks+execs this program once per rank; a rank that fails or a run past the timeout ends all.
 bool spawn_world(int world, const std::string& job, size_t config_index, const Options& o, char** argv) {
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(ddp::procutil::free_port());
+  std::vector<std::string> args;
+  for (char** arg = argv; *arg != nullptr; ++arg) args.push_back(*arg);  // the ranks get our arguments
   std::vector<pid_t> children;
   for (int rank = 0; rank < world; ++rank) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      setenv("RANK", std::to_string(rank).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      setenv("MASTER_ADDR", "127.0.0.1", 1);
-      setenv("MASTER_PORT", port.c_str(), 1);
-      setenv("OMP_NUM_THREADS", "1", 1);  // one compute thread per rank
-      setenv("DDP_BENCH_JOB", job.c_str(), 1);
-      setenv("DDP_BENCH_CONFIG", std::to_string(config_index).c_str(), 1);
-      // glibc otherwise raises its mmap threshold as big blocks are freed and keeps freed memory
-      // resident, so the memory pass would see the allocator's history, not the live tensors.
-      if (job.rfind("memory:", 0) == 0) setenv("MALLOC_MMAP_THRESHOLD_", "65536", 1);
-      execv("/proc/self/exe", argv);
-      std::perror("execv");
-      _exit(127);
-    }
-    if (pid < 0) throw std::runtime_error("fork failed");
-    children.push_back(pid);
+    ddp::procutil::SpawnOptions spawn;
+    spawn.env = {{"RANK", std::to_string(rank)}, {"LOCAL_RANK", std::to_string(rank)},
+                 {"WORLD_SIZE", std::to_string(world)}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port},
+                 {"OMP_NUM_THREADS", "1"},  // one compute thread per rank
+                 {"DDP_BENCH_JOB", job}, {"DDP_BENCH_CONFIG", std::to_string(config_index)}};
+    // glibc otherwise raises its mmap threshold as big blocks are freed and keeps freed memory
+    // resident, so the memory pass would see the allocator's history, not the live tensors.
+    if (job.rfind("memory:", 0) == 0) spawn.env["MALLOC_MMAP_THRESHOLD_"] = "65536";
+    children.push_back(ddp::procutil::spawn_self(args, spawn));
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(o.timeout_s);
   bool ok = true;

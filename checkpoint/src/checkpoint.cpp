@@ -17,6 +17,7 @@
 
 #include "archive_check.h"
 #include "error_text.h"
+#include "optimizer_placement.h"
 
 namespace ddp {
 namespace {
@@ -368,6 +369,13 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module
       throw;
     } catch (const std::exception& error) {
       throw CheckpointError("the optimizer state in " + path + " does not fit the optimizer: " + error_text(error));
+    }
+    try {
+      // Read onto one device above; each parameter's state now joins its parameter.
+      place_state_with_parameters(*optimizer);
+    } catch (const std::exception& error) {
+      throw CheckpointError("cannot move the optimizer state in " + path + " to its parameters' devices: " +
+                            error_text(error));
     }
   }
 

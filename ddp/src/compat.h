@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <initializer_list>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -113,5 +114,20 @@ inline void set_autocast_dtype(c10::DeviceType device_type, c10::ScalarType dtyp
 // CPU autocast in float16: 1.13's Python torch.autocast refuses it ("CPU Autocast only supports
 // dtype of torch.bfloat16"); 2.x supports it (we build 2.6).
 inline constexpr bool kCpuAutocastSupportsHalf = DDP_TORCH_AT_LEAST(2, 6);
+
+// The key of a parameter's entry in torch::optim::Optimizer::state(): its TensorImpl's address, as
+// text in 1.13 (c10::guts::to_string, i.e. operator<< of the pointer) and as the pointer itself in
+// 2.6 (checked: both versions' optim/*.h). Chosen by the map's key type, not a version number:
+// which 2.x release made the change was not checked.
+template <typename StateMap>
+typename StateMap::key_type optimizer_state_key(const StateMap&, const at::Tensor& param) {
+  if constexpr (std::is_same_v<typename StateMap::key_type, std::string>) {
+    std::ostringstream text;
+    text << param.unsafeGetTensorImpl();
+    return text.str();
+  } else {
+    return param.unsafeGetTensorImpl();
+  }
+}
 
 }  // namespace ddp::compat

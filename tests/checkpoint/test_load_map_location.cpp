@@ -51,7 +51,8 @@ TEST(LoadMapLocation, RuleIsAppliedToEveryModelTensorAndTheOptimizerState) {
   EXPECT_TRUE(ckpt_test::same_state(*model_only, *saved));
 
   // Model and optimizer: the optimizer's momentum buffers go through the rule as well. The state is
-  // placed as one unit (the device of its first parameter), hence "at least one" more call.
+  // read as one unit (the device of its first parameter), hence "at least one" more call; then each
+  // parameter's state joins its parameter (test_optimizer_placement.cpp).
   calls.clear();
   torch::manual_seed(4);
   ToyModel loaded;

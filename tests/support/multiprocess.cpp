@@ -1,15 +1,9 @@
 #include "multiprocess.h"
 
-#include <arpa/inet.h>
-#include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -19,8 +13,6 @@
 
 #include <gtest/gtest.h>
 #include <torch/version.h>
-
-extern char** environ;
 
 namespace ddp::test {
 namespace {
@@ -64,38 +56,14 @@ void remove_tree(const std::string& path) {
   std::filesystem::remove_all(path, ignored);
 }
 
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  const bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-  if (fd >= 0) close(fd);
-  if (!ok) throw std::runtime_error(std::string("free_port: no port from the kernel: ") + std::strerror(errno));
-  return ntohs(address.sin_port);
-}
-
 pid_t spawn_worker(const std::string& worker, const std::map<std::string, std::string>& env, const std::string& log) {
   if (registry().count(worker) == 0) throw std::invalid_argument("no DDP_WORKER named " + worker);
-  const std::string exe = self_executable();
-  const pid_t pid = fork();
-  if (pid == 0) {  // exec at once: nothing of the parent's torch state runs in the child
-    setpgid(0, 0);  // its own group: a kill of the group takes any grandchildren too
-    setenv("DDP_TEST_WORKER", worker.c_str(), 1);
-    for (const auto& [key, value] : env) setenv(key.c_str(), value.c_str(), 1);
-    if (!log.empty()) {
-      const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      dup2(fd, 1);
-      dup2(fd, 2);
-    }
-    execl(exe.c_str(), exe.c_str(), static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  if (pid < 0) throw std::runtime_error(std::string("spawn_worker: fork failed: ") + std::strerror(errno));
-  return pid;
+  procutil::SpawnOptions options;
+  options.env = {{"DDP_TEST_WORKER", worker}};
+  for (const auto& [key, value] : env) options.env[key] = value;
+  options.log = log;
+  options.own_process_group = true;  // a kill of the group takes any grandchildren too
+  return procutil::spawn_self({self_executable()}, options);
 }
 
 std::vector<WorkerResult> run_workers(const std::string& worker, int world_size, const RunOptions& options) {

@@ -17,6 +17,8 @@
 
 #include <ddp/process_group.h>
 
+#include "procutil.h"
+
 namespace ddp::test {
 
 struct WorkerResult {
@@ -60,11 +62,11 @@ struct WorkerRegistrar {
 };
 // main() of every test binary: runs a worker when DDP_TEST_WORKER is set, else GoogleTest.
 int main_with_workers(int argc, char** argv);
-// A free TCP port on 127.0.0.1 (for tests of env:// / tcp://).
-int free_port();
+// A free TCP port on 127.0.0.1 (for tests of env:// / tcp://); shared with ddp_bench (procutil.h).
+using ddp::procutil::free_port;
 // Starts one worker process now (this executable again, fork + exec at once, in its own process
-// group) with `env` added; its output goes to `log` when given. run_workers uses it; a test that
-// kills or times its workers itself calls it directly. Returns the pid.
+// group: procutil::spawn_self) with `env` added; its output goes to `log` when given. run_workers
+// uses it; a test that kills or times its workers itself calls it directly. Returns the pid.
 pid_t spawn_worker(const std::string& worker, const std::map<std::string, std::string>& env,
                    const std::string& log = "");
 std::string make_temp_dir(const std::string& prefix);

@@ -101,8 +101,9 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module,
                      const CheckpointOptions& options = {});
 
 // Not collective: every rank reads the file. Verifies the checksum, copies the model state into
-// `module` (error listing every mismatched name/shape), loads the optimizer state (placed by
-// map_location), restores this rank's RNG states, and returns the training state.
+// `module` (error listing every mismatched name/shape), loads the optimizer state (read through
+// map_location, then each parameter's state moved to that parameter's device, as PyTorch's
+// Optimizer.load_state_dict does), restores this rank's RNG states, and returns the training state.
 TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module,
                               torch::optim::Optimizer* optimizer, const LoadOptions& options = {});
 
