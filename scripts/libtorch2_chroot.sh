@@ -27,9 +27,10 @@ JOBS=${JOBS:-$(nproc)}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 # The host's scripts/setup.sh list. python3-torch (2.6): the Python interop tests with 2.6's
 # torch.load (weights_only by default) and torchrun 2.x (the main job under it).
+# libopenblas0-pthread: as on the host, LibTorch's BLAS calls go to OpenBLAS, not the reference BLAS.
 PACKAGES="cmake g++ ninja-build ccache pkg-config zlib1g-dev libtorch-dev libgloo-dev libfmt-dev
           libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev dataset-fashion-mnist gnuplot-nox
-          procps iproute2 python3-torch openmpi-bin"
+          procps iproute2 python3-torch openmpi-bin libopenblas0-pthread"
 
 log() { echo "[libtorch2] $*"; }
 
