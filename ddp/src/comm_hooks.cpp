@@ -1,6 +1,8 @@
 // The built-in communication hooks and the helpers hook authors use (ddp/comm_hooks.h).
 #include "ddp/comm_hooks.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
@@ -49,24 +51,39 @@ FuturePtr compress_around(GradBucket& bucket, at::ScalarType dtype, bool divide,
 }
 
 // Sum of a bfloat16 tensor over the ranks without a bfloat16 allreduce (LibTorch 1.13's Gloo has
-// none): every rank gathers every rank's values (their raw bits, carried as float16 words: a
-// gather does no arithmetic) and adds them up in float32,
-// in rank order, so that every rank computes exactly the same sum.
-FuturePtr bf16_sum_by_allgather(const ProcessGroupPtr& group, const at::Tensor& values) {
-  std::vector<at::Tensor> input{values.view(at::kHalf)};  // Gloo moves 16-bit floats, not int16
-  std::vector<std::vector<at::Tensor>> output(1);
-  for (int r = 0; r < group->getSize(); ++r) output[0].push_back(at::empty_like(input[0]));
-  auto gathered = output[0];
-  return group->allgather(output, input)->getFuture()->then(
-      [gathered, values](c10::ivalue::Future& done) {
-        done.value();  // rethrows the collective's error
-        // The same bits, read as bfloat16.
-        at::Tensor sum = gathered[0].view(at::kBFloat16).to(at::kFloat);
-        for (size_t r = 1; r < gathered.size(); ++r) sum.add_(gathered[r].view(at::kBFloat16));
-        values.copy_(sum);
-        return c10::IValue(values);
-      },
-      c10::TensorType::get());
+// none), moving what a ring allreduce moves:
+//   1. all-to-all: rank r receives every rank's values of the r-th of W equal slices (raw bits,
+//      carried as float16 words: Gloo moves 16-bit floats, and a move does no arithmetic)
+//   2. rank r adds its slice's W rows in float32, in rank order, and rounds once to bfloat16
+//   3. allgather: every rank receives every slice's sum
+// Each element is summed by one rank only, so every rank ends with the same bits. Runs on the hook
+// thread and waits there (two collectives issued from a future's callback could interleave with
+// the next bucket's differently on different ranks).
+FuturePtr bf16_sum_by_reduce_scatter(const ProcessGroupPtr& group, const at::Tensor& values) {
+  const int64_t world = group->getSize(), n = values.numel();
+  const int64_t slice = (n + world - 1) / world;
+  at::Tensor padded = values;
+  if (slice * world != n) {
+    padded = at::zeros({slice * world}, values.options());
+    padded.narrow(0, 0, n).copy_(values);
+  }
+  at::Tensor rows = at::empty({world, slice}, values.options());
+  at::Tensor rows_words = rows.view(at::kHalf).view({world * slice}), padded_words = padded.view(at::kHalf);
+  std::vector<int64_t> equal_splits;  // empty: W equal slices
+  group->alltoall_base(rows_words, padded_words, equal_splits, equal_splits)->wait();
+
+  at::Tensor sum = rows[0].to(at::kFloat);
+  for (int64_t r = 1; r < world; ++r) sum.add_(rows[r]);
+  std::vector<at::Tensor> mine{sum.to(at::kBFloat16).view(at::kHalf)};
+
+  std::vector<std::vector<at::Tensor>> slices(1);
+  for (int64_t r = 0; r < world; ++r) slices[0].push_back(at::empty_like(mine[0]));
+  group->allgather(slices, mine)->wait();
+  for (int64_t r = 0; r < world && r * slice < n; ++r) {
+    const int64_t length = std::min(slice, n - r * slice);
+    values.narrow(0, r * slice, length).copy_(slices[0][r].view(at::kBFloat16).narrow(0, 0, length));
+  }
+  return completed_future(values);
 }
 
 // Whether this group's backend reduces bfloat16 tensors itself.
@@ -111,7 +128,7 @@ CommHook fp16_compress() {
 CommHook bf16_compress() {
   const CommHook sum([](GradBucket& bucket) {
     return reduces_bfloat16(bucket.process_group()) ? allreduce_future(bucket.process_group(), bucket.buffer())
-                                                    : bf16_sum_by_allgather(bucket.process_group(), bucket.buffer());
+                                                    : bf16_sum_by_reduce_scatter(bucket.process_group(), bucket.buffer());
   });
   return CommHook([sum](GradBucket& bucket) { return compress_around(bucket, at::kBFloat16, /*divide=*/true, sum); },
                   "bf16_compress");

@@ -119,8 +119,10 @@ CommHook allreduce();
 // float32), then writes the average back into the bucket's dtype. Gloo and NCCL.
 CommHook fp16_compress();
 // The same with bfloat16 (float32's range, 8 bits of precision). With NCCL, and with Gloo builds
-// that reduce bfloat16, an allreduce in bfloat16; with Gloo builds that cannot (LibTorch 1.13's),
-// an allgather of every rank's bfloat16 values, summed in float32 (so as precise or more).
+// that reduce bfloat16 (LibTorch 2.6's), an allreduce in bfloat16; with Gloo builds that cannot
+// (LibTorch 1.13's), a reduce-scatter of its own: each rank receives one slice of every rank's
+// bfloat16 values, sums it in float32 (so as precise or more), and an allgather shares the sums.
+// Waits on the hook thread there.
 CommHook bf16_compress();
 // Compress around any other hook: the inner hook sees the buffer in float16 / bfloat16 (already
 // divided by nothing: the inner hook averages), its result is written back in the bucket's dtype.
