@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include "collective.h"
 #include "compat.h"
 
 namespace ddp {
@@ -70,7 +71,8 @@ FuturePtr bf16_sum_by_reduce_scatter(const ProcessGroupPtr& group, const at::Ten
   at::Tensor rows = at::empty({world, slice}, values.options());
   at::Tensor rows_words = rows.view(at::kHalf).view({world * slice}), padded_words = padded.view(at::kHalf);
   std::vector<int64_t> equal_splits;  // empty: W equal slices
-  group->alltoall_base(rows_words, padded_words, equal_splits, equal_splits)->wait();
+  detail::wait_collective(group->alltoall_base(rows_words, padded_words, equal_splits, equal_splits),
+                          "ddp::hooks::bf16_compress: the all-to-all of bfloat16 slices");
 
   at::Tensor sum = rows[0].to(at::kFloat);
   for (int64_t r = 1; r < world; ++r) sum.add_(rows[r]);
@@ -78,7 +80,8 @@ FuturePtr bf16_sum_by_reduce_scatter(const ProcessGroupPtr& group, const at::Ten
 
   std::vector<std::vector<at::Tensor>> slices(1);
   for (int64_t r = 0; r < world; ++r) slices[0].push_back(at::empty_like(mine[0]));
-  group->allgather(slices, mine)->wait();
+  detail::wait_collective(group->allgather(slices, mine),
+                          "ddp::hooks::bf16_compress: the allgather of the slices' sums");
   for (int64_t r = 0; r < world && r * slice < n; ++r) {
     const int64_t length = std::min(slice, n - r * slice);
     values.narrow(0, r * slice, length).copy_(slices[0][r].view(at::kBFloat16).narrow(0, 0, length));
