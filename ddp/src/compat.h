@@ -76,10 +76,11 @@ c10::intrusive_ptr<c10d::TCPStore> make_tcp_store(const std::string& host, Optio
 }
 
 // Whether ProcessGroupGloo reduces bfloat16 tensors. LibTorch 1.13's does not ("Invalid scalar
-// type", checked on Debian's 1.13.1); the bf16 hooks then sum by allgather instead. 2.6's does
+// type", checked on Debian's 1.13.1); the bf16 hooks then sum by a reduce-scatter of their own
+// (comm_hooks.cpp). 2.6's does
 // (checked with trixie's python3-torch 2.6: dist.all_reduce of a bfloat16 tensor on Gloo). PyTorch
 // added it in late 2023 (pull request 113557), so 2.2-2.5 probably do too; unchecked, they keep
-// the allgather, which is correct everywhere.
+// the reduce-scatter, which is correct everywhere.
 inline constexpr bool kGlooReducesBFloat16 = DDP_TORCH_AT_LEAST(2, 6);
 
 // Autocast's per-thread state for one device type. 1.13 has a set of functions per device

@@ -13,6 +13,14 @@
 namespace ddp {
 namespace {
 
+// What an iteration runs under when active ranks do not wait for its check: the active ranks the
+// previous check found, with this iteration's number and sync.
+JoinStatus lagged(JoinStatus previous, int64_t iteration, bool sync) {
+  previous.iteration = iteration;
+  previous.sync = sync;
+  return previous;
+}
+
 std::string list(const std::vector<int>& ranks) {
   std::ostringstream out;
   for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
@@ -71,8 +79,8 @@ void Join::run(const std::function<void()>& loop) {
     last = read_check(*launch_check(/*active=*/false, /*sync=*/false));
     if (last.active.empty()) break;
     if (options_.throw_on_early_termination()) throw_early_termination(last);
-    JoinStatus iteration = last;
-    if (!waits_for_check()) iteration.active = previous.active;  // as the active ranks run it
+    // As the active ranks run it.
+    const JoinStatus iteration = waits_for_check() ? last : lagged(previous, last.iteration, last.sync);
     for (auto& joinable : joinables_) joinable.get().join_shadow(iteration);
     previous = std::move(last);
     last_joiner = false;
@@ -101,9 +109,7 @@ const JoinStatus& Join::notify(size_t index, bool sync) {
   // The previous iteration's check has had a whole iteration to complete: reading it rarely waits.
   JoinStatus previous = pending_ ? read_check(*pending_) : status_;
   pending_ = launch_check(/*active=*/true, sync);
-  status_ = std::move(previous);
-  status_.iteration = pending_->iteration;
-  status_.sync = sync;
+  status_ = lagged(std::move(previous), pending_->iteration, sync);
   return status_;
 }
 
