@@ -162,13 +162,14 @@ double ms_since(std::chrono::steady_clock::time_point start) {
 
 // All variants of one model, interleaved: per round every variant runs `steps` timed steps, in an
 // order rotated each round, with a barrier before each so the ranks start it together.
-void timing_job(const Options& o, const ModelConfig& config, const ddp::ProcessGroupPtr& group) {
+void timing_job(const Options& o, const ModelConfig& config, const Groups& groups) {
+  const ddp::ProcessGroupPtr& group = groups.ours;
   const int rank = group->getRank();
   const int world = group->getSize();
   const Batch batch = make_batch(config, rank);
   std::vector<Variant> variants;
   for (const auto& spec : all_variants(o.caps, o.view_caps, o.features, o.hooks, config.model == "resnet")) {
-    variants.push_back(make_variant(spec, make_model(config, uses_sync_batchnorm(spec)), batch, group));
+    variants.push_back(make_variant(spec, make_model(config, uses_sync_batchnorm(spec)), batch, groups));
   }
   for (auto& variant : variants) {
     variant.run_block([&] {
@@ -241,14 +242,14 @@ bool reset_peak_rss() { return static_cast<bool>(std::ofstream("/proc/self/clear
 // the variant holds while it trains. Both are reported above the baseline. The parent starts
 // these ranks with a fixed malloc mmap threshold, so freed tensors go back to the kernel and RSS
 // follows what is really alive.
-void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& spec,
-                const ddp::ProcessGroupPtr& group) {
+void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& spec, const Groups& groups) {
+  const ddp::ProcessGroupPtr& group = groups.ours;
   auto model = make_model(config, uses_sync_batchnorm(spec));
   const Batch batch = make_batch(config, group->getRank());
   ddp::barrier(group);
   if (!reset_peak_rss()) throw std::runtime_error("cannot reset the peak RSS (/proc/self/clear_refs)");
   const double baseline = proc_status_mib("VmRSS");
-  Variant variant = make_variant(spec, model, batch, group);
+  Variant variant = make_variant(spec, model, batch, groups);
   for (int i = 0; i < o.warmup; ++i) variant.step();
   const double setup_peak = proc_status_mib("VmHWM");
   reset_peak_rss();
@@ -262,23 +263,64 @@ void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& 
   std::ofstream(fs::path(o.out) / memory_file(config, group->getSize(), spec)) << out.dump(1) << "\n";
 }
 
+// c10d allreduce of float32 tensors from 4 KB to 33.6 MB (mlp_b4's gradients), over the default
+// group (shared memory when the ranks share this host) and over Gloo alone, interleaved: per round
+// each size runs `reps` times on each group. Rank 0 prints the medians and writes allreduce_w<W>.json.
+void allreduce_job(const Options& o, const Groups& groups) {
+  const int rank = groups.ours->getRank(), world = groups.ours->getSize();
+  const std::vector<int64_t> bytes = o.quick ? std::vector<int64_t>{4096, 262144}
+                                             : std::vector<int64_t>{4096, 262144, 4194304, 33554432};
+  const int rounds = o.quick ? 2 : 10, reps = o.quick ? 5 : 10;
+  std::vector<std::vector<double>> shm(bytes.size()), gloo(bytes.size());
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t b = 0; b < bytes.size(); ++b) {
+      std::vector<at::Tensor> tensor{torch::ones({bytes[b] / 4})};
+      for (auto [group, times] : {std::pair{groups.ours, &shm[b]}, std::pair{groups.gloo, &gloo[b]}}) {
+        ddp::barrier(groups.gloo);
+        group->allreduce(tensor)->wait();  // warm (first use of a size)
+        for (int r = 0; r < reps; ++r) {
+          const auto start = std::chrono::steady_clock::now();
+          group->allreduce(tensor)->wait();
+          times->push_back(ms_since(start));
+        }
+      }
+    }
+  }
+  if (rank != 0) return;
+  json out = {{"world", world}, {"transport", ddp::transport(groups.ours)}, {"sizes", json::array()}};
+  std::printf("allreduce of float32 at world %d: %s vs gloo (median of %d)\n", world,
+              ddp::transport(groups.ours).c_str(), rounds * reps);
+  std::printf("%12s %12s %12s %8s\n", "bytes", "default ms", "gloo ms", "ratio");
+  for (size_t b = 0; b < bytes.size(); ++b) {
+    const double a = median(shm[b]), g = median(gloo[b]);
+    std::printf("%12lld %12.3f %12.3f %8.3f\n", static_cast<long long>(bytes[b]), a, g, a / g);
+    out["sizes"].push_back({{"bytes", bytes[b]}, {"default_ms", a}, {"gloo_ms", g}, {"ratio", a / g},
+                            {"default_times_ms", shm[b]}, {"gloo_times_ms", gloo[b]}});
+  }
+  std::ofstream(fs::path(o.out) / ("allreduce_w" + std::to_string(world) + ".json")) << out.dump(1) << "\n";
+}
+
 int run_rank(const Options& o) {
   torch::set_num_threads(1);
-  ddp::InitOptions init;
-  init.backend = "gloo";
-  init.init_method = "env://";
+  ddp::InitOptions init{"gloo", "env://"};
   init.timeout = std::chrono::seconds(o.timeout_s);
-  auto group = ddp::init_process_group(init);
+  Groups groups;
+  groups.ours = ddp::init_process_group(init);
+  groups.gloo = ddp::new_group(ddp::NewGroupOptions().shared_memory(false));
   fs::create_directories(o.out);
   const char* job = std::getenv("DDP_BENCH_JOB");
   if (job == nullptr) {  // started by ddprun or torchrun: time every config
-    for (const auto& config : o.configs) timing_job(o, config, group);
+    for (const auto& config : o.configs) timing_job(o, config, groups);
+    return 0;
+  }
+  const std::string what = job;
+  if (what == "allreduce") {
+    allreduce_job(o, groups);
     return 0;
   }
   const ModelConfig& config = o.configs.at(std::stoul(std::getenv("DDP_BENCH_CONFIG")));
-  const std::string what = job;
-  if (what == "time") timing_job(o, config, group);
-  else memory_job(o, config, parse_variant(what.substr(what.find(':') + 1)), group);
+  if (what == "time") timing_job(o, config, groups);
+  else memory_job(o, config, parse_variant(what.substr(what.find(':') + 1)), groups);
   return 0;
 }
 
@@ -347,6 +389,14 @@ int run_parent(const Options& o, char** argv) {
     }
   }
   const int memory_world = *std::max_element(o.worlds.begin(), o.worlds.end());
+  for (int world : o.worlds) {
+    if (world < 2) continue;
+    std::cerr << "allreduce: shared memory vs gloo at world " << world << "\n";
+    if (!spawn_world(world, "allreduce", 0, o, argv)) {
+      std::cerr << "ddp_bench: the allreduce job failed\n";
+      return 1;
+    }
+  }
   for (size_t c = 0; c < o.configs.size(); ++c) {
     for (int world : o.worlds) {
       std::cerr << o.configs[c].label() << ": timing at world " << world << "\n";

@@ -42,9 +42,9 @@ Variant naive(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::Pr
     sgd->zero_grad();
     loss(*model, batch).backward();
     for (const auto& param : params) {
-      at::Tensor grad = param.grad();
-      ddp::all_reduce(grad, c10d::ReduceOp::SUM, group);
-      grad.div_(world);
+      std::vector<at::Tensor> grad{param.grad()};
+      group->allreduce(grad)->wait();
+      grad[0].div_(world);
     }
     sgd->step();
   };
@@ -63,17 +63,44 @@ Variant naive_flat(std::shared_ptr<BenchNet> model, const Batch& batch, const dd
     loss(*model, batch).backward();
     std::vector<at::Tensor> grads;
     for (const auto& param : params) grads.push_back(param.grad().reshape({-1}));
-    at::Tensor flat = torch::cat(grads);
-    ddp::all_reduce(flat, c10d::ReduceOp::SUM, group);
-    flat.div_(world);
+    std::vector<at::Tensor> flat{torch::cat(grads)};
+    group->allreduce(flat)->wait();
+    flat[0].div_(world);
     int64_t offset = 0;
     for (const auto& param : params) {
-      param.grad().view({-1}).copy_(flat.narrow(0, offset, param.numel()));
+      param.grad().view({-1}).copy_(flat[0].narrow(0, offset, param.numel()));
       offset += param.numel();
     }
     sgd->step();
   };
   v.collectives = [] { return int64_t{1}; };
+  return v;
+}
+
+// naive as measured before issue 23: ddp::all_reduce then ran a 7-number fingerprint allgather
+// before every allreduce, so "naive" ran two collectives per gradient. The same work, here.
+Variant naive_check(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::ProcessGroupPtr& group) {
+  auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-3));
+  const auto params = model->parameters();
+  const double world = group->getSize();
+  Variant v;
+  v.step = [=] {
+    sgd->zero_grad();
+    loss(*model, batch).backward();
+    for (const auto& param : params) {
+      std::vector<at::Tensor> fingerprint{torch::tensor({int64_t{1}, int64_t{-1}, int64_t{6}, param.numel(),
+                                                         int64_t{-1}, int64_t{-1}, int64_t{0}})};
+      std::vector<std::vector<at::Tensor>> gathered(1);
+      for (int r = 0; r < group->getSize(); ++r) gathered[0].push_back(torch::empty_like(fingerprint[0]));
+      group->allgather(gathered, fingerprint)->wait();
+      std::vector<at::Tensor> grad{param.grad()};
+      group->allreduce(grad)->wait();
+      grad[0].div_(world);
+    }
+    sgd->step();
+  };
+  const auto count = static_cast<int64_t>(2 * params.size());
+  v.collectives = [count] { return count; };
   return v;
 }
 
@@ -183,8 +210,10 @@ std::string VariantSpec::kind_name() const {
     case Kind::local: return "local";
     case Kind::naive: return "naive";
     case Kind::naive_flat: return "naive_flat";
+    case Kind::naive_check: return "naive_check";
     case Kind::reducer: return "reducer";
     case Kind::ours: return "ours";
+    case Kind::ours_gloo: return "ours_gloo";
     case Kind::ours_view: return "ours_view";
     case Kind::ours_join: return "ours_join";
     case Kind::ours_detail: return "ours_detail";
@@ -211,7 +240,8 @@ VariantSpec parse_variant(const std::string& id) {
   const std::string name = id.substr(0, at);
   VariantSpec spec;
   if (at != std::string::npos) spec.bucket_cap_mb = std::stod(id.substr(at + 1));
-  for (Kind kind : {Kind::local, Kind::naive, Kind::naive_flat, Kind::reducer, Kind::ours, Kind::ours_view,
+  for (Kind kind : {Kind::local, Kind::naive, Kind::naive_flat, Kind::naive_check, Kind::reducer, Kind::ours,
+                    Kind::ours_gloo, Kind::ours_view,
                     Kind::ours_join, Kind::ours_detail, Kind::ours_auto, Kind::ours_fp16, Kind::ours_bf16,
                     Kind::ours_powersgd1, Kind::ours_powersgd4, Kind::reducer_fp16,
                     Kind::ours_syncbn}) {
@@ -228,11 +258,12 @@ double hook_cap(const std::vector<double>& caps) {
 
 std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std::vector<double>& view_caps,
                                       bool features, bool hooks, bool batchnorm) {
-  std::vector<VariantSpec> specs{{Kind::local}, {Kind::naive}, {Kind::naive_flat}};
+  std::vector<VariantSpec> specs{{Kind::local}, {Kind::naive}, {Kind::naive_flat}, {Kind::naive_check}};
   for (double cap : caps) {
     specs.push_back({Kind::reducer, cap});
     specs.push_back({Kind::ours, cap});
   }
+  specs.push_back({Kind::ours_gloo, hook_cap(caps)});
   for (double cap : view_caps) specs.push_back({Kind::ours_view, cap});
   if (features && !view_caps.empty()) {
     specs.push_back({Kind::ours_join, view_caps.front()});
@@ -251,14 +282,19 @@ std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std
 bool uses_sync_batchnorm(const VariantSpec& spec) { return spec.kind == Kind::ours_syncbn; }
 
 Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, const Batch& batch,
-                     const ddp::ProcessGroupPtr& group) {
+                     const Groups& groups) {
   Variant v;
+  const ddp::ProcessGroupPtr& group = groups.ours;
   switch (spec.kind) {
     case Kind::local: v = local(model, batch); break;
-    case Kind::naive: v = naive(model, batch, group); break;
-    case Kind::naive_flat: v = naive_flat(model, batch, group); break;
+    case Kind::naive: v = naive(model, batch, groups.gloo); break;
+    case Kind::naive_flat: v = naive_flat(model, batch, groups.gloo); break;
+    case Kind::naive_check: v = naive_check(model, batch, groups.gloo); break;
     case Kind::reducer:
-    case Kind::reducer_fp16: v = reducer(model, batch, group, spec.bucket_cap_mb, spec.kind == Kind::reducer_fp16); break;
+    case Kind::reducer_fp16:
+      v = reducer(model, batch, groups.gloo, spec.bucket_cap_mb, spec.kind == Kind::reducer_fp16);
+      break;
+    case Kind::ours_gloo: v = ours(model, batch, groups.gloo, spec); break;
     case Kind::ours:
     case Kind::ours_view:
     case Kind::ours_join:

@@ -14,10 +14,13 @@ namespace bench {
 
 enum class Kind {
   local,       // no communication: the lower bound
-  naive,       // after backward, one blocking allreduce per gradient (what C++ users hand-roll)
-  naive_flat,  // after backward, cat all gradients, one allreduce, copy back
+  naive,       // after backward, one blocking c10d allreduce per gradient (what C++ users hand-roll)
+  naive_flat,  // after backward, cat all gradients, one c10d allreduce, copy back
+  naive_check, // naive as ddp_bench measured it before issue 23: each allreduce after a fingerprint
+               // allgather (ddp::all_reduce checked every call then); kept to show the difference
   reducer,     // PyTorch's c10d::Reducer, driven like torch/nn/parallel/distributed.py 1.13
   ours,        // ddp::DistributedDataParallel
+  ours_gloo,   // ours over Gloo alone (shared memory off): what the shared-memory channel saves
   ours_view,   // ours with gradient_as_bucket_view(true)
   // The costs of features, each against ours at the same cap:
   ours_join,    // ours inside ddp::Join, every rank with the same number of batches
@@ -67,8 +70,16 @@ struct Variant {
 // ours_syncbn trains the SyncBatchNorm model (make_model's sync_batchnorm).
 bool uses_sync_batchnorm(const VariantSpec& spec);
 
-// The step works on `model` (which it takes over) and `batch`, synchronizing over `group`.
+// The groups a rank's variants synchronize over: ours* over the default group (shared memory when
+// the ranks share this host), the peers - naive*, reducer*, ours_gloo - over Gloo alone, as
+// PyTorch's CPU DDP and hand-rolled code run.
+struct Groups {
+  ddp::ProcessGroupPtr ours;
+  ddp::ProcessGroupPtr gloo;
+};
+
+// The step works on `model` (which it takes over) and `batch`.
 Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, const Batch& batch,
-                     const ddp::ProcessGroupPtr& group);
+                     const Groups& groups);
 
 }  // namespace bench

@@ -18,7 +18,7 @@ c10::ScalarType checked_dtype(c10::DeviceType device_type, const AutocastOptions
                                 c10::DeviceTypeName(device_type, /*lower_case=*/true));
   }
   const bool cpu = device_type == c10::kCPU;
-  const c10::ScalarType dtype = options.dtype_.value_or(cpu ? c10::kBFloat16 : c10::kHalf);
+  const c10::ScalarType dtype = options.dtype().value_or(cpu ? c10::kBFloat16 : c10::kHalf);
   const bool supported = dtype == c10::kBFloat16 || (dtype == c10::kHalf && (!cpu || compat::kCpuAutocastSupportsHalf));
   if (!supported) {
     throw std::invalid_argument(std::string("AutocastGuard: ") + (cpu ? "CPU" : "CUDA") + " autocast does not support " +
@@ -39,11 +39,11 @@ AutocastGuard::AutocastGuard(c10::DeviceType device_type, const AutocastOptions&
   previous_dtype_ = compat::autocast_dtype(device_type_);
   previous_cache_enabled_ = at::autocast::is_autocast_cache_enabled();
   // 2. Turn autocast on (or off) for this device type, in our dtype.
-  compat::set_autocast_enabled(device_type_, options.enabled_);
+  compat::set_autocast_enabled(device_type_, options.enabled());
   compat::set_autocast_dtype(device_type_, dtype);
   // 3. Count the nesting level, so that only the outermost exit clears the cast cache.
   at::autocast::increment_nesting();
-  at::autocast::set_autocast_cache_enabled(options.cache_enabled_);
+  at::autocast::set_autocast_cache_enabled(options.cache_enabled());
 }
 
 AutocastGuard::~AutocastGuard() {

@@ -18,21 +18,21 @@ namespace {
 
 void check_options(const GradScalerOptions& o, const char* who) {
   const std::string prefix = std::string(who) + ": ";
-  if (!(o.init_scale_ > 0) || !std::isfinite(o.init_scale_) ||
-      o.init_scale_ > std::numeric_limits<float>::max()) {
+  if (!(o.init_scale() > 0) || !std::isfinite(o.init_scale()) ||
+      o.init_scale() > std::numeric_limits<float>::max()) {
     throw std::invalid_argument(prefix + "init_scale must be a positive finite float32 value, got " +
-                                std::to_string(o.init_scale_));
+                                std::to_string(o.init_scale()));
   }
-  if (!(o.growth_factor_ > 1.0) || !std::isfinite(o.growth_factor_)) {
+  if (!(o.growth_factor() > 1.0) || !std::isfinite(o.growth_factor())) {
     throw std::invalid_argument(prefix + "growth_factor must be > 1.0 (PyTorch: \"The growth factor must be > 1.0.\"), got " +
-                                std::to_string(o.growth_factor_));
+                                std::to_string(o.growth_factor()));
   }
-  if (!(o.backoff_factor_ < 1.0) || !(o.backoff_factor_ > 0.0)) {
+  if (!(o.backoff_factor() < 1.0) || !(o.backoff_factor() > 0.0)) {
     throw std::invalid_argument(prefix + "backoff_factor must be in (0, 1) (PyTorch: \"The backoff factor must be < 1.0.\"), got " +
-                                std::to_string(o.backoff_factor_));
+                                std::to_string(o.backoff_factor()));
   }
-  if (o.growth_interval_ < 1) {
-    throw std::invalid_argument(prefix + "growth_interval must be >= 1, got " + std::to_string(o.growth_interval_));
+  if (o.growth_interval() < 1) {
+    throw std::invalid_argument(prefix + "growth_interval must be >= 1, got " + std::to_string(o.growth_interval()));
   }
 }
 
@@ -52,7 +52,7 @@ const at::Tensor& entry(const TensorDict& state, const char* key) {
 }  // namespace
 
 GradScaler::GradScaler(GradScalerOptions options)
-    : options_(std::move(options)), scale_(static_cast<float>(options_.init_scale_)) {
+    : options_(std::move(options)), scale_(static_cast<float>(options_.init_scale())) {
   check_options(options_, "GradScaler");
 }
 
@@ -109,13 +109,13 @@ void GradScaler::update() {
   per_optimizer_.clear();  // the next iteration starts fresh for every optimizer
   if (found_inf) {
     // The scale was too large for some gradient: shrink it and start counting clean steps anew.
-    scale_ = static_cast<float>(scale_ * options_.backoff_factor_);
+    scale_ = static_cast<float>(scale_ * options_.backoff_factor());
     growth_tracker_ = 0;
     return;
   }
-  if (++growth_tracker_ < options_.growth_interval_) return;
+  if (++growth_tracker_ < options_.growth_interval()) return;
   // growth_interval clean steps in a row: try a larger scale, unless float32 cannot hold it.
-  const auto grown = static_cast<float>(scale_ * options_.growth_factor_);
+  const auto grown = static_cast<float>(scale_ * options_.growth_factor());
   if (std::isfinite(grown)) scale_ = grown;
   growth_tracker_ = 0;
 }
@@ -165,7 +165,7 @@ bool GradScaler::unscale_and_check(torch::optim::Optimizer& optimizer) {
 }
 
 bool GradScaler::any_rank(bool found_inf_here) const {
-  ProcessGroupPtr group = options_.group_;
+  ProcessGroupPtr group = options_.group();
   if (!group && is_initialized()) group = default_group();
   if (!group || group->getSize() == 1) return found_inf_here;
   // MAX of a 0/1 flag: 1 when any rank found inf/NaN. Waits with the group's timeout.
@@ -186,9 +186,9 @@ TensorDict GradScaler::state_dict() const {
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   const auto i64 = at::TensorOptions().dtype(at::kLong);
   return {{"scale", at::scalar_tensor(static_cast<double>(scale_), f64)},
-          {"growth_factor", at::scalar_tensor(options_.growth_factor_, f64)},
-          {"backoff_factor", at::scalar_tensor(options_.backoff_factor_, f64)},
-          {"growth_interval", at::scalar_tensor(options_.growth_interval_, i64)},
+          {"growth_factor", at::scalar_tensor(options_.growth_factor(), f64)},
+          {"backoff_factor", at::scalar_tensor(options_.backoff_factor(), f64)},
+          {"growth_interval", at::scalar_tensor(options_.growth_interval(), i64)},
           {"_growth_tracker", at::scalar_tensor(growth_tracker_, i64)}};
 }
 
@@ -200,18 +200,18 @@ void GradScaler::load_state_dict(const TensorDict& state) {
         "disabled instance of GradScaler");
   }
   GradScalerOptions loaded = options_;
-  loaded.init_scale_ = entry(state, "scale").item<double>();
-  loaded.growth_factor_ = entry(state, "growth_factor").item<double>();
-  loaded.backoff_factor_ = entry(state, "backoff_factor").item<double>();
-  loaded.growth_interval_ = entry(state, "growth_interval").item<int64_t>();
+  loaded.init_scale(entry(state, "scale").item<double>());
+  loaded.growth_factor(entry(state, "growth_factor").item<double>());
+  loaded.backoff_factor(entry(state, "backoff_factor").item<double>());
+  loaded.growth_interval(entry(state, "growth_interval").item<int64_t>());
   const auto tracker = entry(state, "_growth_tracker").item<int64_t>();
   check_options(loaded, "GradScaler::load_state_dict");
-  if (tracker < 0 || tracker >= loaded.growth_interval_) {
+  if (tracker < 0 || tracker >= loaded.growth_interval()) {
     throw std::invalid_argument("GradScaler::load_state_dict: \"_growth_tracker\" must be in [0, growth_interval), got " +
                                 std::to_string(tracker));
   }
   options_ = loaded;
-  scale_ = static_cast<float>(loaded.init_scale_);
+  scale_ = static_cast<float>(loaded.init_scale());
   growth_tracker_ = tracker;
 }
 

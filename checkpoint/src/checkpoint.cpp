@@ -268,21 +268,21 @@ void keep_newest(const std::string& path, const std::string& prefix, int keep) {
 void save_checkpoint(const std::string& path, const torch::nn::Module& module,
                      const torch::optim::Optimizer* optimizer, const TrainingState& state,
                      const CheckpointOptions& options) {
-  const ProcessGroupPtr group = resolve_group(options.group_);
+  const ProcessGroupPtr group = resolve_group(options.group());
   const int rank = group ? group->getRank() : 0;
   const int64_t world_size = group ? group->getSize() : 1;
   // Every rank takes part: each has its own RNG stream.
-  const std::vector<RngState> rng = options.save_rng_ ? gather_rng_states(group) : std::vector<RngState>();
+  const std::vector<RngState> rng = options.save_rng() ? gather_rng_states(group) : std::vector<RngState>();
   std::vector<std::string> state_names;
-  for (const auto& entry : options.states_) state_names.push_back(entry.first);
-  const auto states = options.states_.empty() ? std::vector<std::vector<at::Tensor>>()
-                                              : gather_states(options.states_, group);
+  for (const auto& entry : options.states()) state_names.push_back(entry.first);
+  const auto states = options.states().empty() ? std::vector<std::vector<at::Tensor>>()
+                                              : gather_states(options.states(), group);
 
   std::string failure;
   if (rank == 0) {
     try {
       write_checkpoint_file(path, module, optimizer, state, world_size, rng, state_names, states);
-      if (options.keep_last_ > 0) keep_newest(path, options.prefix_, options.keep_last_);
+      if (options.keep_last() > 0) keep_newest(path, options.prefix(), options.keep_last());
     } catch (const std::exception& error) {
       failure = error_text(error);
     }
@@ -306,7 +306,7 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module
     throw CheckpointError(path + " holds a model state but no training state (written by save_state_dict?); "
                           "read it with ddp::load_state_dict(path)");
   }
-  load_state_dict(module, parse_state_dict_archive(zip, path, options.map_location_), options.strict_,
+  load_state_dict(module, parse_state_dict_archive(zip, path, options.map_location()), options.strict(),
                   "checkpoint " + path);
 
   TrainingState state;
@@ -363,7 +363,7 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module
     try {
       torch::serialize::InputArchive optimizer_archive;
       optimizer_archive.load_from(checked.data(), checked.size(),
-                                  options.map_location_.device_for(saved_optimizer_device));
+                                  options.map_location().device_for(saved_optimizer_device));
       optimizer->load(optimizer_archive);
     } catch (const CheckpointError&) {
       throw;
@@ -379,9 +379,9 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module
     }
   }
 
-  const ProcessGroupPtr group = resolve_group(options.group_);
+  const ProcessGroupPtr group = resolve_group(options.group());
   const int rank = group ? group->getRank() : 0;
-  for (const auto& entry : options.states_) {
+  for (const auto& entry : options.states()) {
     const auto found = std::find(state_names.begin(), state_names.end(), entry.name);
     if (found == state_names.end()) {
       if (!entry.required) continue;
@@ -402,7 +402,7 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module
     }
   }
 
-  if (options.restore_rng_) {
+  if (options.restore_rng()) {
     if (rank < rng_ranks) {
       try {
         at::Tensor cpu_state, cuda_state;

@@ -24,6 +24,8 @@
 
 #include <ddp/ddp.h>
 
+#include "fashion_mnist.h"
+
 namespace {
 
 namespace F = torch::nn::functional;
@@ -33,7 +35,7 @@ struct Options {
   int64_t batch_size = 64;   // per rank
   double lr = 2e-3;          // Adam
   std::string precision = "bf16";  // bf16: autocast + GradScaler; fp32: neither
-  std::string data_dir = ddp::FashionMNIST::kDefaultDir;
+  std::string data_dir = examples::FashionMNIST::kDefaultDir;
   size_t limit_train = 0;    // 0: the whole training set
   std::string checkpoint_dir;
   int save_every = 1;        // epochs between checkpoints (the Apex recipe uses 5)
@@ -52,15 +54,15 @@ torch::nn::Sequential make_net() {
       nn::Conv2d(nn::Conv2dOptions(16, 32, 3).padding(1).bias(false)), nn::BatchNorm2d(32), nn::ReLU(),
       nn::MaxPool2d(2),                                                     // [N, 32, 7, 7]
       nn::Flatten(), nn::Linear(nn::LinearOptions(32 * 7 * 7, 64).bias(false)), nn::BatchNorm1d(64), nn::ReLU(),
-      nn::Linear(64, ddp::FashionMNIST::kClasses));                         // logits [N, 10]
+      nn::Linear(64, examples::FashionMNIST::kClasses));                         // logits [N, 10]
 }
 
 // Validation with its own sampler: each rank evaluates a disjoint shard (pad(false): every test
 // sample exactly once), the sums are added over the ranks, so the figures are those of the whole set.
 // Eval mode: SyncBatchNorm uses its running statistics and does not communicate.
-ddp::Metrics validate(torch::nn::SequentialImpl& net, const ddp::FashionMNIST& test, const Options& options, bool bf16) {
+ddp::Metrics validate(torch::nn::SequentialImpl& net, const examples::FashionMNIST& test, const Options& options, bool bf16) {
   ddp::DistributedSampler sampler(*test.size(), ddp::DistributedSamplerOptions().shuffle(false).pad(false));
-  auto loader = torch::data::make_data_loader(ddp::FashionMNIST(test).map(torch::data::transforms::Stack<>()),
+  auto loader = torch::data::make_data_loader(examples::FashionMNIST(test).map(torch::data::transforms::Stack<>()),
                                               sampler, torch::data::DataLoaderOptions().batch_size(options.batch_size));
   torch::NoGradGuard no_grad;
   net.eval();
@@ -92,9 +94,9 @@ int run(const Options& options) {
   const bool leader = rank == 0;
   const bool bf16 = options.precision == "bf16";
 
-  ddp::FashionMNIST train(ddp::FashionMNIST::Split::kTrain, options.data_dir);
+  examples::FashionMNIST train(examples::FashionMNIST::Split::kTrain, options.data_dir);
   train.head(options.limit_train);
-  const ddp::FashionMNIST test(ddp::FashionMNIST::Split::kTest, options.data_dir);
+  const examples::FashionMNIST test(examples::FashionMNIST::Split::kTest, options.data_dir);
 
   // 1. The model with plain BatchNorms, converted: every BatchNorm now normalizes over the global batch.
   torch::manual_seed(options.seed);
@@ -106,7 +108,7 @@ int run(const Options& options) {
   ddp::GradScaler scaler(ddp::GradScalerOptions().enabled(bf16));
   // 4. The training sampler: a different shard per rank, a new shuffle per epoch.
   ddp::DistributedSampler sampler(*train.size(), ddp::DistributedSamplerOptions().shuffle(true).seed(options.seed));
-  auto loader = torch::data::make_data_loader(ddp::FashionMNIST(train).map(torch::data::transforms::Stack<>()),
+  auto loader = torch::data::make_data_loader(examples::FashionMNIST(train).map(torch::data::transforms::Stack<>()),
                                               sampler, torch::data::DataLoaderOptions().batch_size(options.batch_size));
 
   // 5. Resume: model, optimizer, scaler and sampler from the newest checkpoint, if any.

@@ -24,7 +24,7 @@
 #include <ddp/comm_hooks.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/distributed_sampler.h>
-#include <ddp/fashion_mnist.h>
+#include "fashion_mnist.h"
 #include <ddp/metrics.h>
 #include <ddp/process_group.h>
 #if __has_include(<ddp/checkpoint.h>)
@@ -44,7 +44,7 @@ struct Options {
   double first_bucket_cap_mb = 1;
   std::string backend = "gloo";
   int64_t seed = 0;
-  std::string data_dir = ddp::FashionMNIST::kDefaultDir;
+  std::string data_dir = examples::FashionMNIST::kDefaultDir;
   int threads = 1;
   double timeout_s = 1800;  // bounds every collective: a dead or frozen rank ends the job after this long
   size_t limit_train = 0;   // 0: the whole training set
@@ -61,7 +61,7 @@ struct Net : torch::nn::Module {
       : conv1(register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)))),
         conv2(register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)))),
         fc1(register_module("fc1", torch::nn::Linear(32 * 7 * 7, 64))),
-        fc2(register_module("fc2", torch::nn::Linear(64, ddp::FashionMNIST::kClasses))) {}
+        fc2(register_module("fc2", torch::nn::Linear(64, examples::FashionMNIST::kClasses))) {}
 
   torch::Tensor forward(torch::Tensor x) {
     x = torch::max_pool2d(torch::relu(conv1(x)), 2);  // [N, 16, 14, 14]
@@ -108,9 +108,9 @@ ddp::ProcessGroupPtr init(const Options& options) {
 // Global loss and accuracy on the test set, sharded over the ranks without shuffling. pad(false):
 // the shards are disjoint and together hold every test sample exactly once (PyTorch's sampler would
 // repeat some to even them out), so the summed figures are exact with no masking.
-ddp::Metrics evaluate(Net& net, const ddp::FashionMNIST& test, int64_t batch_size) {
+ddp::Metrics evaluate(Net& net, const examples::FashionMNIST& test, int64_t batch_size) {
   ddp::DistributedSampler sampler(*test.size(), ddp::DistributedSamplerOptions().shuffle(false).pad(false));
-  auto loader = torch::data::make_data_loader(ddp::FashionMNIST(test).map(torch::data::transforms::Stack<>()),
+  auto loader = torch::data::make_data_loader(examples::FashionMNIST(test).map(torch::data::transforms::Stack<>()),
                                               sampler, torch::data::DataLoaderOptions().batch_size(batch_size));
   // Every rank holds the same parameters after a synced step, so the bare module suffices here.
   torch::NoGradGuard no_grad;
@@ -147,9 +147,9 @@ int run(const Options& options) {
   const int world = ddp::get_world_size();
   const bool leader = rank == 0;
 
-  ddp::FashionMNIST train(ddp::FashionMNIST::Split::kTrain, options.data_dir);
+  examples::FashionMNIST train(examples::FashionMNIST::Split::kTrain, options.data_dir);
   train.head(options.limit_train);
-  const ddp::FashionMNIST test(ddp::FashionMNIST::Split::kTest, options.data_dir);
+  const examples::FashionMNIST test(examples::FashionMNIST::Split::kTest, options.data_dir);
 
   torch::manual_seed(options.seed);  // the same start everywhere (DDP also broadcasts rank 0's)
   auto net = std::make_shared<Net>();
@@ -159,7 +159,7 @@ int run(const Options& options) {
 
   ddp::DistributedSampler sampler(*train.size(), ddp::DistributedSamplerOptions()
                                                      .num_replicas(world).rank(rank).shuffle(true).seed(options.seed));
-  auto loader = torch::data::make_data_loader(ddp::FashionMNIST(train).map(torch::data::transforms::Stack<>()),
+  auto loader = torch::data::make_data_loader(examples::FashionMNIST(train).map(torch::data::transforms::Stack<>()),
                                               sampler, torch::data::DataLoaderOptions().batch_size(options.batch_size));
 
   int start_epoch = 0;
@@ -182,7 +182,7 @@ int run(const Options& options) {
   if (leader) {
     std::printf("train_fashion_mnist: world %d (%s), batch %lld per rank (%lld global), lr %g, %zu train / %zu test "
                 "samples, %d thread(s) per rank, comm hook %s\n",
-                world, options.backend.c_str(), static_cast<long long>(options.batch_size),
+                world, ddp::transport().c_str(), static_cast<long long>(options.batch_size),
                 static_cast<long long>(options.batch_size * world), options.lr, *train.size(), *test.size(),
                 options.threads, options.comm_hook.c_str());
   }

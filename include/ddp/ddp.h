@@ -1,23 +1,28 @@
 #pragma once
-// Umbrella header: everything torchddp offers. It lives above the library's folders so that none
-// of them includes another from above: ddp/ (process groups, DDP) is the floor, data/,
-// checkpoint/, amp/ and nn/ build on it.
+// Umbrella header: everything torchddp offers. It lives above the library's parts, so none of
+// them includes another from above. The layers (the build enforces them, tests/layers checks):
+//   ddp/floor   process groups, rendezvous, collectives, launch environment, metrics, Stateful
+//   ddp/engine  DistributedDataParallel: reducer, comm hooks, PowerSGD, Join, timeline (on the floor)
+//   sampler/, checkpoint/, amp/, nn/   each on the floor only
 #include <ddp/version.h>
 
-// ddp/: process groups, collectives, DistributedDataParallel
-#include <ddp/bucket_assignment.h>
+// ddp/floor: process groups and the free collectives
+#include <ddp/launch_environment.h>
+#include <ddp/metrics.h>
+#include <ddp/process_group.h>
+#include <ddp/stateful.h>
+#include <ddp/wait_collective.h>
+
+// ddp/engine: DistributedDataParallel and what plugs into it
 #include <ddp/comm_hooks.h>
 #include <ddp/ddp_options.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/join.h>
 #include <ddp/logging.h>
-#include <ddp/metrics.h>
-#include <ddp/process_group.h>
-#include <ddp/stateful.h>
+#include <ddp/powersgd.h>
 
-// data/: the sampler and the dataset reader
+// sampler/: DistributedSampler and its resumable state
 #include <ddp/distributed_sampler.h>
-#include <ddp/fashion_mnist.h>
 #include <ddp/sampler_state.h>
 
 // checkpoint/: rank-0 save, load with map_location
@@ -26,5 +31,6 @@
 // amp/: mixed precision (dynamic loss scaling, autocast scopes)
 #include <ddp/autocast.h>
 #include <ddp/grad_scaler.h>
+
 // nn/: modules for distributed training
 #include <ddp/sync_batchnorm.h>

@@ -1,6 +1,6 @@
 // SyncBatchNorm's forward and backward (the steps numbered as in sync_batchnorm.h), and
 // convert_sync_batchnorm.
-#include "ddp/sync_batchnorm.h"
+#include <ddp/sync_batchnorm.h>
 
 #include <algorithm>
 #include <sstream>
@@ -14,7 +14,7 @@
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/container/sequential.h>
 
-#include "collective.h"
+#include <ddp/wait_collective.h>
 
 namespace ddp {
 namespace {
@@ -103,7 +103,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     std::vector<Tensor> mine{torch::cat({header, local_mean, local_var}).to(collective_device(s.group))};
     std::vector<std::vector<Tensor>> all(1);
     for (int r = 0; r < s.group->getSize(); ++r) all[0].push_back(torch::empty_like(mine[0]));
-    detail::wait_collective(s.group->allgather(all, mine),
+    wait_collective(s.group->allgather(all, mine),
                             [&] { return who(C) + ": allgather of the batch statistics in forward"; });
     const Tensor gathered = torch::stack(all[0]).cpu();
     check_inputs_fit(gathered, C);
@@ -166,7 +166,7 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
       auto group = c10::static_intrusive_pointer_cast<c10d::ProcessGroup>(ctx->saved_data["group"].toCapsule());
       const int64_t C = input.size(1);
       std::vector<Tensor> sums{torch::cat({sum_dy, sum_dy_xmu}).to(at::kDouble).to(collective_device(group))};
-      detail::wait_collective(group->allreduce(sums),
+      wait_collective(group->allreduce(sums),
                               [&] { return who(C) + ": allreduce of the gradient sums in backward"; });
       const double total = ctx->saved_data["count"].toDouble();
       const Tensor means = (sums[0] / total).to(torch::TensorOptions().dtype(acc).device(input.device()));
@@ -242,7 +242,7 @@ void SyncBatchNormImpl::agree_on_num_features(const ProcessGroupPtr& group) {
   std::vector<Tensor> mine{torch::tensor({options.num_features()}, torch::kLong).to(collective_device(group))};
   std::vector<std::vector<Tensor>> all(1);
   for (int r = 0; r < group->getSize(); ++r) all[0].push_back(torch::empty_like(mine[0]));
-  detail::wait_collective(group->allgather(all, mine),
+  wait_collective(group->allgather(all, mine),
                           [&] { return who(options.num_features()) + ": the check that every rank has the same num_features"; });
   bool same = true;
   for (const auto& theirs : all[0]) same = same && theirs.item<int64_t>() == options.num_features();

@@ -9,8 +9,8 @@ if [[ ! -f $cuda/include/nccl.h || ! -f $cuda/include/cuda_runtime_api.h ]]; the
   echo "SKIP: no CUDA toolkit with nccl.h at $cuda (set CUDA_HOME); the NCCL code paths are not compiled here"
   exit 77
 fi
-includes=(-I"$src/tests/compile/shim" -I"$src/include" -I"$src/ddp/include" -I"$src/data/include"
-          -I"$src/checkpoint/include" -I"$src/ddp/src" -I"$build/generated")
+includes=(-I"$src/tests/compile/shim" -I"$src/include" -I"$src/ddp/floor/include" -I"$src/ddp/floor/src"
+          -I"$src/ddp/internal" -I"$build/generated")
 IFS=: read -ra dirs <<<"$torch_includes"
 for dir in "${dirs[@]}"; do
   [[ -n $dir ]] && dir=$(realpath -m "$dir")  # /usr/lib/../include is /usr/include
@@ -19,7 +19,7 @@ for dir in "${dirs[@]}"; do
 done
 includes+=(-isystem "$cuda/include")
 status=0
-for file in ddp/src/backends.cpp ddp/src/process_group.cpp ddp/src/collectives.cpp; do
+for file in ddp/floor/src/backends.cpp ddp/floor/src/process_group.cpp ddp/floor/src/collectives.cpp; do
   if "$cxx" -std=gnu++17 -fsyntax-only -D_GLIBCXX_USE_CXX11_ABI=1 -DUSE_DISTRIBUTED -DUSE_C10D_GLOO \
       -DUSE_C10D_NCCL -DDDP_HAVE_NCCL=1 "${includes[@]}" "$src/$file"; then
     echo "ok: $file compiles with the NCCL backend enabled"

@@ -35,7 +35,7 @@ case $mode in
     nproc=${mode#ddprun}
     out=$("$ddprun" --standalone --nproc-per-node "$nproc" -- "$train" --epochs 1 "${small[@]}" 2>&1) ||
       fail "exit code $? from ddprun"
-    grep -q "world $nproc (gloo)" <<<"$out" || fail "the job did not run as a world of $nproc"
+    grep -q "world $nproc (gloo+shm)" <<<"$out" || fail "the job did not run as a world of $nproc"
     # ddprun prefixes rank 0's lines with "[rank 0] ".
     grep -Eq "^\[rank 0\] $epoch_line" <<<"$out" || fail "no epoch line with (10000 samples) and samples/s"
     ;;
@@ -96,7 +96,7 @@ case $mode in
       # torchrun's default static rendezvous: its agent hosts the store at MASTER_ADDR:MASTER_PORT
       # and tells the ranks TORCHELASTIC_USE_AGENT_STORE=True (every rank connects as a client).
       engine=(torchrun --nnodes 1 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port --no-python)
-      says="world 2 (gloo)"
+      says="world 2 (gloo+shm)"
     fi
     out=$(timeout 240 "$ddprun" --standalone --nproc-per-node 2 -- "$train" --epochs 2 "${small[@]}" 2>&1) ||
       fail "exit code $? from ddprun"
@@ -127,8 +127,8 @@ case $mode in
     launcher=$!
     frozen_pid=""
     trap 'kill -KILL $frozen_pid $launcher 2>/dev/null; rm -f "$log"' EXIT
-    for _ in $(seq 600); do grep -q "world 2 (gloo)" "$log" && break; sleep 0.1; done
-    grep -q "world 2 (gloo)" "$log" || { out=$(cat "$log"); fail "the job did not start"; }
+    for _ in $(seq 600); do grep -q "world 2 (gloo+shm)" "$log" && break; sleep 0.1; done
+    grep -q "world 2 (gloo+shm)" "$log" || { out=$(cat "$log"); fail "the job did not start"; }
     sleep 1  # into the first epoch
     for pid in $(pgrep -P $launcher); do
       tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx RANK=1 && frozen_pid=$pid

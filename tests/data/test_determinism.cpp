@@ -13,7 +13,7 @@
 
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/distributed_sampler.h>
-#include <ddp/fashion_mnist.h>
+#include "fashion_mnist.h"
 #include <ddp/metrics.h>
 
 #include "multiprocess.h"
@@ -41,7 +41,7 @@ DDP_WORKER(loss_curve) {
   const int world = ddp::get_world_size();
   const int rank = ddp::get_rank();
 
-  ddp::FashionMNIST train(ddp::FashionMNIST::Split::kTrain);
+  examples::FashionMNIST train(examples::FashionMNIST::Split::kTrain);
   train.head(kSamples);
   torch::manual_seed(1);
   ddp::DistributedDataParallel model(std::make_shared<SmallNet>(), pg);

@@ -8,15 +8,15 @@
 #include <torch/torch.h>
 #include <zlib.h>
 
-#include <ddp/fashion_mnist.h>
+#include "fashion_mnist.h"
 
 #include "multiprocess.h"
 #include "error_of.h"
 
 namespace {
 
-using Split = ddp::FashionMNIST::Split;
-const std::string kDir = ddp::FashionMNIST::kDefaultDir;
+using Split = examples::FashionMNIST::Split;
+const std::string kDir = examples::FashionMNIST::kDefaultDir;
 
 std::vector<uint8_t> gunzip(const std::string& path) {
   gzFile file = gzopen(path.c_str(), "rb");
@@ -36,8 +36,8 @@ void gzip_to(const std::string& path, const std::vector<uint8_t>& bytes) {
 }
 
 TEST(FashionMNIST, ReadsTheRealTrainAndTestSplits) {
-  ddp::FashionMNIST train(Split::kTrain);
-  ddp::FashionMNIST test(Split::kTest, kDir);
+  examples::FashionMNIST train(Split::kTrain);
+  examples::FashionMNIST test(Split::kTest, kDir);
   ASSERT_EQ(train.size().value(), 60000u);
   ASSERT_EQ(test.size().value(), 10000u);
   EXPECT_EQ(train.images().sizes(), (torch::IntArrayRef{60000, 1, 28, 28}));
@@ -52,7 +52,7 @@ TEST(FashionMNIST, ReadsTheRealTrainAndTestSplits) {
   EXPECT_NEAR(train.images().mean().item<double>(), 0.0, 1e-3);
   EXPECT_NEAR(train.images().std().item<double>(), 1.0, 1e-3);
   // A raw zero pixel maps to -mean/std.
-  EXPECT_NEAR(train.images().min().item<float>(), -ddp::FashionMNIST::kMean / ddp::FashionMNIST::kStd, 1e-6);
+  EXPECT_NEAR(train.images().min().item<float>(), -examples::FashionMNIST::kMean / examples::FashionMNIST::kStd, 1e-6);
 
   auto example = test.get(3);
   EXPECT_EQ(example.data.sizes(), (torch::IntArrayRef{1, 28, 28}));
@@ -76,7 +76,7 @@ class BrokenFiles : public ::testing::Test {
 };
 
 TEST_F(BrokenFiles, MissingFileNamesThePathAndThePackage) {
-  EXPECT_EQ(ddp::test::error_of<std::runtime_error>([&] { ddp::FashionMNIST(Split::kTrain, dir_); }),
+  EXPECT_EQ(ddp::test::error_of<std::runtime_error>([&] { examples::FashionMNIST(Split::kTrain, dir_); }),
             "Fashion-MNIST: cannot open " + dir_ +
                 "/train-images-idx3-ubyte.gz; install Debian's dataset-fashion-mnist package (apt-get "
                 "install dataset-fashion-mnist) or point the data directory (--data-dir) at a folder "
@@ -85,18 +85,18 @@ TEST_F(BrokenFiles, MissingFileNamesThePathAndThePackage) {
 
 TEST_F(BrokenFiles, TruncatedFileNamesExpectedAndActualSize) {
   write_test_split([](std::vector<uint8_t>& bytes) { bytes.resize(bytes.size() - 100); });
-  EXPECT_EQ(ddp::test::error_of<std::runtime_error>([&] { ddp::FashionMNIST(Split::kTest, dir_); }),
+  EXPECT_EQ(ddp::test::error_of<std::runtime_error>([&] { examples::FashionMNIST(Split::kTest, dir_); }),
             "Fashion-MNIST: " + dir_ +
                 "/t10k-images-idx3-ubyte.gz is truncated: expected 7840016 bytes (header + 10000 images), got 7839916");
   write_test_split([](std::vector<uint8_t>& bytes) { bytes.resize(10); });
-  EXPECT_EQ(ddp::test::error_of<std::runtime_error>([&] { ddp::FashionMNIST(Split::kTest, dir_); }),
+  EXPECT_EQ(ddp::test::error_of<std::runtime_error>([&] { examples::FashionMNIST(Split::kTest, dir_); }),
             "Fashion-MNIST: " + dir_ + "/t10k-images-idx3-ubyte.gz is truncated: 10 bytes, less than its 16-byte header");
 }
 
 TEST_F(BrokenFiles, WrongMagicNamesExpectedAndActual) {
   // A labels file where the images should be.
   write_test_split([](std::vector<uint8_t>& bytes) { bytes[3] = 0x01; });
-  EXPECT_EQ(ddp::test::error_of<std::runtime_error>([&] { ddp::FashionMNIST(Split::kTest, dir_); }),
+  EXPECT_EQ(ddp::test::error_of<std::runtime_error>([&] { examples::FashionMNIST(Split::kTest, dir_); }),
             "Fashion-MNIST: " + dir_ +
                 "/t10k-images-idx3-ubyte.gz has magic number 0x00000801, expected 0x00000803 (an IDX image file)");
 }

@@ -1,6 +1,10 @@
 // Collectives that do not match across ranks: never a silently wrong result, never an abort the
 // program cannot catch; an error on every rank that says what each rank ran.
+#include <cstdlib>
+#include <functional>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -34,8 +38,61 @@ DDP_WORKER(mismatched_sizes) {
   ddp::all_reduce(ok);
   require(ok.sum().item<float>() == 8, "the group is broken after the mismatch");
 }
+// The fingerprint check runs under TORCH_DISTRIBUTED_DEBUG=DETAIL, as PyTorch's does; on Gloo
+// alone (shared memory off), where a mismatch otherwise reaches Gloo.
+RunOptions detail_on_gloo() {
+  RunOptions options;
+  options.env = {{"TORCH_DISTRIBUTED_DEBUG", "DETAIL"}, {"TORCHDDP_SHM", "0"}};
+  return options;
+}
 TEST(CollectiveSafety, MismatchedSizesAreAnErrorOnEveryRankNotAnAbort) {
-  EXPECT_WORKERS_OK(run_workers("mismatched_sizes", 2));
+  EXPECT_WORKERS_OK(run_workers("mismatched_sizes", 2, detail_on_gloo()));
+}
+
+// Without DETAIL a free collective is one collective, nothing more (issue 23): the group's own
+// sequence number, which Gloo advances once per collective, moves by exactly one per call. Under
+// DETAIL the check adds its one allgather.
+DDP_WORKER(free_collective_count) {
+  const bool detail = std::getenv("TORCH_DISTRIBUTED_DEBUG") != nullptr;
+  ddp::InitOptions init;
+  init.shared_memory(false);  // Gloo counts its collectives; the shared-memory channel does not
+  init.backend = "gloo";
+  init.init_method = std::string("file://") + std::getenv("DDP_TEST_STORE");
+  auto pg = ddp::init_process_group(init);
+  pg->setSequenceNumberForGroup();
+  auto tensor = torch::ones({16});
+  for (const auto& [name, run] : std::vector<std::pair<std::string, std::function<void()>>>{
+           {"all_reduce", [&] { ddp::all_reduce(tensor); }},
+           {"broadcast", [&] { ddp::broadcast(tensor, 0); }},
+           {"all_gather", [&] { ddp::all_gather(tensor); }},
+           {"barrier", [&] { ddp::barrier(); }}}) {
+    const uint64_t before = pg->getSequenceNumberForGroup();
+    run();
+    const uint64_t issued = pg->getSequenceNumberForGroup() - before;
+    require(issued == (detail ? 2u : 1u), name + " issued " + std::to_string(issued) + " collectives");
+  }
+}
+TEST(CollectiveSafety, AFreeCollectiveIsOneCollectiveWithoutDetail) {
+  EXPECT_WORKERS_OK(run_workers("free_collective_count", 2));
+  RunOptions detail;
+  detail.env = {{"TORCH_DISTRIBUTED_DEBUG", "DETAIL"}};
+  EXPECT_WORKERS_OK(run_workers("free_collective_count", 2, detail));
+}
+
+// On shared memory the mismatch is caught without DETAIL and without an extra round trip: every
+// rank compares the others' descriptors of the collective as it starts (shm/communicator.h).
+DDP_WORKER(mismatched_sizes_shm) {
+  worker_init(std::chrono::seconds(20));
+  require(ddp::transport() == "gloo+shm", "expected shared memory, got " + ddp::transport());
+  const int rank = ddp::get_rank();
+  auto tensor = torch::ones({rank == 0 ? 1000 : 999});
+  auto message = error_of<ddp::CollectiveError>([&] { ddp::all_reduce(tensor); });
+  require_mentions(message, "ddp::all_reduce failed", "sizes");
+  require_mentions(message, "1000", "sizes");
+  require_mentions(message, "999", "sizes");
+}
+TEST(CollectiveSafety, MismatchedSizesAreNamedOnSharedMemoryWithoutDetail) {
+  EXPECT_WORKERS_OK(run_workers("mismatched_sizes_shm", 2));
 }
 
 // Different collectives (a broadcast against an all_reduce, different dtypes, different roots).
@@ -57,7 +114,9 @@ DDP_WORKER(mismatched_ops) {
   auto roots = error_of<ddp::CollectiveError>([&] { ddp::broadcast(tensor, rank); });
   require_mentions(roots, "from rank 1", "roots");
 }
-TEST(CollectiveSafety, DifferentCollectivesDtypesOrRootsAreNamed) { EXPECT_WORKERS_OK(run_workers("mismatched_ops", 2)); }
+TEST(CollectiveSafety, DifferentCollectivesDtypesOrRootsAreNamed) {
+  EXPECT_WORKERS_OK(run_workers("mismatched_ops", 2, detail_on_gloo()));
+}
 
 // Issue 17, item 6: a collective that times out says which rank did not come, and why. Rank 1 is
 // alive but never calls the collective; rank 0's error names it (heartbeat.h). The frozen case

@@ -118,7 +118,7 @@ TEST(Observability, InfoLogsBucketsAndUnusedParameterNames) {
   const auto results = run_workers("info_log", 2, options);
   EXPECT_WORKERS_OK(results);
   const std::string& rank0 = results[0].output;
-  EXPECT_NE(rank0.find("[torchddp INFO] DDP on 2 rank(s) (gloo): 6 parameters"), std::string::npos) << rank0;
+  EXPECT_NE(rank0.find("[torchddp INFO] DDP on 2 rank(s) (gloo+shm): 6 parameters"), std::string::npos) << rank0;
   EXPECT_NE(rank0.find("2 parameter(s) got no gradient on any rank: branch.weight, branch.bias"), std::string::npos)
       << rank0;
   EXPECT_EQ(results[1].output.find("[torchddp INFO]"), std::string::npos) << "only rank 0 logs";
@@ -133,7 +133,7 @@ DDP_WORKER(logging_data) {
   ddp::DistributedDataParallel model(net, small_buckets().find_unused_parameters(true));
   model.register_comm_hook(ddp::hooks::fp16_compress());
   auto before = model.logging_data();
-  require(before.world_size == 2 && before.rank == rank && before.backend_name == "gloo", "group fields");
+  require(before.world_size == 2 && before.rank == rank && before.backend_name == ddp::transport(), "group fields");
   require(before.num_parameter_tensors == 6 && before.total_parameter_size_bytes == (80 + 8 + 64 + 8 + 40 + 5) * 4,
           "parameter fields: " + std::to_string(before.total_parameter_size_bytes));
   int64_t bucket_total = 0;

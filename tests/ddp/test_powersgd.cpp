@@ -103,21 +103,14 @@ DDP_WORKER(powersgd_matches_pytorch) {
     double worst = 0;
     for (int iteration = 0; iteration < recording.iterations; ++iteration) {
       for (size_t b = 0; b < recording.buckets.size(); ++b) {
-        std::vector<torch::Tensor> parameters, views;
-        std::vector<int64_t> offsets;
-        std::vector<size_t> indices;
+        std::vector<torch::Tensor> parameters;
         int64_t numel = 0;
         for (const auto& shape : recording.buckets[b]) {
           parameters.push_back(torch::zeros(shape));
-          offsets.push_back(numel);
-          indices.push_back(firsts[b] + indices.size());
           numel += parameters.back().numel();
         }
         torch::Tensor buffer = gradients(rank, iteration, static_cast<int>(b), numel);
-        for (size_t k = 0; k < parameters.size(); ++k) {
-          views.push_back(buffer.narrow(0, offsets[k], parameters[k].numel()).view(parameters[k].sizes()));
-        }
-        ddp::GradBucket bucket(b, recording.buckets.size(), buffer, views, parameters, offsets, group, indices);
+        auto bucket = ddp::GradBucket::for_parameters(b, recording.buckets.size(), buffer, parameters, group, firsts[b]);
         auto future = state.reduce(bucket);
         future->wait();
         const torch::Tensor out = future->value().toTensor();

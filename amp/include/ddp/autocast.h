@@ -30,6 +30,7 @@
 // outermost guard ends, the cache of casted parameters is cleared (as PyTorch's autocast exit
 // does), so no bfloat16 copy of a weight outlives the forward. The state is per thread: a guard
 // affects only ops on the thread that made it (DDP's forward runs on the caller's thread).
+#include <torch/arg.h>
 #include <optional>
 
 #include <c10/core/DeviceType.h>
@@ -40,15 +41,11 @@ namespace ddp {
 struct AutocastOptions {
   // The lower precision: kBFloat16 (the CPU default) or kHalf (the CUDA default). LibTorch 1.13's
   // CPU autocast supports only kBFloat16.
-  AutocastOptions& dtype(c10::ScalarType t) { dtype_ = t; return *this; }
+  TORCH_ARG(std::optional<c10::ScalarType>, dtype) = std::nullopt;
   // false: autocast is off inside the guard (a float32 region within an autocast one).
-  AutocastOptions& enabled(bool on) { enabled_ = on; return *this; }
+  TORCH_ARG(bool, enabled) = true;
   // Reuse the lower-precision copy of a parameter within the outermost guard (PyTorch's default).
-  AutocastOptions& cache_enabled(bool on) { cache_enabled_ = on; return *this; }
-
-  std::optional<c10::ScalarType> dtype_;
-  bool enabled_ = true;
-  bool cache_enabled_ = true;
+  TORCH_ARG(bool, cache_enabled) = true;
 };
 
 class AutocastGuard {

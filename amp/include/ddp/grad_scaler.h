@@ -33,6 +33,7 @@
 //
 // Unlike PyTorch's CUDA kernels, this works on plain tensor ops and decides on the host (one
 // device-to-host read of the flag per optimizer per step), so it serves CPU and CUDA alike.
+#include <torch/arg.h>
 #include <cstdint>
 #include <map>
 
@@ -46,26 +47,19 @@ namespace ddp {
 
 struct GradScalerOptions {
   // The scale before the first update (PyTorch: init_scale=2.**16).
-  GradScalerOptions& init_scale(double s) { init_scale_ = s; return *this; }
+  TORCH_ARG(double, init_scale) = 65536.0;
   // Factor applied after growth_interval consecutive steps without inf/NaN (> 1).
-  GradScalerOptions& growth_factor(double f) { growth_factor_ = f; return *this; }
+  TORCH_ARG(double, growth_factor) = 2.0;
   // Factor applied after a step with inf/NaN gradients (< 1, > 0).
-  GradScalerOptions& backoff_factor(double f) { backoff_factor_ = f; return *this; }
+  TORCH_ARG(double, backoff_factor) = 0.5;
   // Consecutive clean steps before the scale grows (>= 1).
-  GradScalerOptions& growth_interval(int64_t n) { growth_interval_ = n; return *this; }
+  TORCH_ARG(int64_t, growth_interval) = 2000;
   // false: every method is a pass-through (scale returns the loss, step just steps), so one
   // training loop serves both fp32 and mixed precision.
-  GradScalerOptions& enabled(bool on) { enabled_ = on; return *this; }
+  TORCH_ARG(bool, enabled) = true;
   // The group whose ranks agree on every skip; null: the default group if initialized, else this
   // process alone.
-  GradScalerOptions& group(ProcessGroupPtr g) { group_ = std::move(g); return *this; }
-
-  double init_scale_ = 65536.0;
-  double growth_factor_ = 2.0;
-  double backoff_factor_ = 0.5;
-  int64_t growth_interval_ = 2000;
-  bool enabled_ = true;
-  ProcessGroupPtr group_;
+  TORCH_ARG(ProcessGroupPtr, group) = {};
 };
 
 class GradScaler : public Stateful {

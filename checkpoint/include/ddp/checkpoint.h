@@ -28,6 +28,8 @@
 #include <ddp/map_location.h>
 #include <ddp/process_group.h>
 #include <ddp/sampler_state.h>
+#include <torch/arg.h>
+
 #include <ddp/stateful.h>
 
 namespace ddp {
@@ -43,13 +45,15 @@ struct TrainingState {
 
 struct CheckpointOptions {
   // The group whose rank 0 writes; null: the default group if initialized, else this process alone.
-  CheckpointOptions& group(ProcessGroupPtr g) { group_ = std::move(g); return *this; }
+  TORCH_ARG(ProcessGroupPtr, group) = {};
   // After saving, delete all but the newest `n` checkpoints named like checkpoint_path() in the
   // same directory with the same prefix (0: keep all).
-  CheckpointOptions& keep_last(int n) { keep_last_ = n; return *this; }
-  CheckpointOptions& prefix(std::string p) { prefix_ = std::move(p); return *this; }
+  TORCH_ARG(int, keep_last) = 0;
+  TORCH_ARG(std::string, prefix) = "checkpoint";
   // Save every rank's RNG states (CPU generator, and the current CUDA device's when available).
-  CheckpointOptions& save_rng(bool on) { save_rng_ = on; return *this; }
+  TORCH_ARG(bool, save_rng) = true;
+
+ public:
   // Also save `state` (a GradScaler, a comm hook's state, ...) under `name`: every rank's own
   // snapshot (they may differ: PowerSGD's error feedback does). Every rank names the same states.
   // Not owned: it must outlive the call.
@@ -57,39 +61,43 @@ struct CheckpointOptions {
     states_.emplace_back(std::move(name), state);
     return *this;
   }
+  const std::vector<std::pair<std::string, const Stateful*>>& states() const { return states_; }
 
-  ProcessGroupPtr group_;
-  int keep_last_ = 0;
-  std::string prefix_ = "checkpoint";
-  bool save_rng_ = true;
+ private:
   std::vector<std::pair<std::string, const Stateful*>> states_;
 };
 
 struct LoadOptions {
-  LoadOptions& map_location(MapLocation m) { map_location_ = std::move(m); return *this; }
+  TORCH_ARG(MapLocation, map_location) = {};
   // Missing or unexpected parameter names are errors (shape mismatches always are).
-  LoadOptions& strict(bool on) { strict_ = on; return *this; }
+  TORCH_ARG(bool, strict) = true;
   // Restore this rank's RNG states (saved per rank; a rank the checkpoint has no entry for keeps its own).
-  LoadOptions& restore_rng(bool on) { restore_rng_ = on; return *this; }
+  TORCH_ARG(bool, restore_rng) = true;
   // Which rank this process is for RNG and state restore; null: the default group if initialized,
   // else rank 0.
-  LoadOptions& group(ProcessGroupPtr g) { group_ = std::move(g); return *this; }
+  TORCH_ARG(ProcessGroupPtr, group) = {};
+
+ public:
+  struct StateEntry {
+    std::string name;
+    Stateful* state;
+    bool required;  // false for a DDP wrapper's comm hook: a run may add a hook when it resumes
+  };
   // Restore `state` from the snapshot this rank saved under `name` (rank 0's for a rank the saving
   // world did not have). A checkpoint without `name` is an error naming what it holds.
   LoadOptions& state(std::string name, Stateful* state) {
     states_.push_back({std::move(name), state, /*required=*/true});
     return *this;
   }
+  // The same for a state a checkpoint may lack (a DDP wrapper's comm hook state: a resumed run may
+  // add a hook the saving run did not have).
+  LoadOptions& optional_state(std::string name, Stateful* state) {
+    states_.push_back({std::move(name), state, /*required=*/false});
+    return *this;
+  }
+  const std::vector<StateEntry>& states() const { return states_; }
 
-  struct StateEntry {
-    std::string name;
-    Stateful* state;
-    bool required;  // false for a DDP wrapper's comm hook: a run may add a hook when it resumes
-  };
-  MapLocation map_location_;
-  bool strict_ = true;
-  bool restore_rng_ = true;
-  ProcessGroupPtr group_;
+ private:
   std::vector<StateEntry> states_;
 };
 
@@ -144,7 +152,7 @@ TrainingState load_checkpoint(const std::string& path, Wrapper& wrapper,
   LoadOptions with_hook = options;
   if constexpr (detail::HasCommHookState<Wrapper>::value) {
     if (Stateful* hook_state = wrapper.comm_hook_state()) {
-      with_hook.states_.push_back({detail::kCommHookStateName, hook_state, /*required=*/false});
+      with_hook.optional_state(detail::kCommHookStateName, hook_state);
     }
   }
   return load_checkpoint(path, static_cast<torch::nn::Module&>(*wrapper.module()), optimizer, with_hook);

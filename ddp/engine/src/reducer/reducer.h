@@ -1,0 +1,173 @@
+#pragma once
+// The reducer: averages gradients across ranks while backward is still running.
+//
+//   prepare_for_backward()   forward ran; expect one gradient per parameter
+//   on_gradient_ready(i)     autograd hook: copy grad i into its bucket slot
+//     -> launch_ready_buckets()  every bucket whose members are all ready, in bucket order
+//   finalize()               end of backward: wait for the allreduces, write averages back
+//
+// With a communication hook, buckets hold raw sums and "launch" hands a bucket to the hook thread
+// (hook_runner.h) instead of starting an allreduce; finalize waits for the hooks' results.
+//
+// Bucket assignment (which parameters share a bucket) is a separate pure function
+// (bucket_assignment.h); this class owns the per-iteration state machine and the buckets.
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+
+#include "reducer/bucket.h"
+#include <ddp/comm_hooks.h>
+#include <ddp/process_group.h>
+#include "reducer/autotune.h"
+#include "desync.h"
+#include "reducer/hook_runner.h"
+#include "observe/iteration_recorder.h"
+
+namespace ddp::detail {
+
+// DDPOptions, in the units the reducer works in (DDPCore fills every field).
+struct ReducerOptions {
+  int64_t first_bucket_bytes;
+  int64_t bucket_bytes;
+  bool find_unused_parameters;
+  bool gradient_as_bucket_view;
+  bool static_graph;
+  bool bucket_cap_auto;
+};
+
+struct ReducerStats {
+  int64_t collectives_launched = 0;          // gradient allreduces, all iterations
+  int64_t iterations_reduced = 0;            // synced backward passes that completed
+  bool buckets_rebuilt = false;
+  std::vector<std::vector<size_t>> buckets;  // parameter indices of each bucket, launch order
+  std::vector<int64_t> first_bucket_bytes;   // as first built
+  std::vector<int64_t> rebuilt_bucket_bytes; // after the one rebuild (empty before)
+  int64_t unused_parameter_bytes = 0;        // no rank produced a gradient, last iteration
+  int64_t bucket_bytes = 0;                  // the cap in effect
+  std::vector<int64_t> autotune_candidates;  // caps tried (bytes), once autotuning finished
+  std::vector<int64_t> autotune_times;       // their agreed median step times (ns)
+};
+
+class Reducer : public std::enable_shared_from_this<Reducer> {
+ public:
+  static std::shared_ptr<Reducer> create(std::vector<at::Tensor> params, std::vector<std::string> names,
+                                         ProcessGroupPtr group, ReducerOptions options);
+  // Removes the reducer's hooks from the gradient accumulators: a module wrapped again (or used
+  // bare) after its wrapper is gone carries no dead hooks.
+  ~Reducer();
+
+  // Before each forward: reports what went wrong in the previous iteration, rebuilds buckets once.
+  void prepare_for_forward();
+  // After a forward with grad mode on. `sync` false (no_sync): gradients accumulate locally.
+  // `outputs` are searched for unused parameters when find_unused_parameters is on.
+  void prepare_for_backward(bool sync, const std::vector<at::Tensor>& outputs);
+  // Whether prepare_for_backward needs the forward's outputs.
+  bool wants_outputs() const;
+  // Re-allocates bucket storage and re-hooks replaced gradient accumulators after the
+  // parameters moved (module.to(device/dtype)).
+  void reallocate_buckets();
+  // The number gradients are averaged over from the next backward on (the world size unless
+  // ddp::Join says otherwise). Ignored with a hook: hooks average as they please.
+  void set_divisor(int divisor);
+  // A rank that ran out of inputs (ddp::Join) takes part in the other ranks' synchronized backward
+  // pass: every bucket reduced with zeros, through the same collectives in the same order.
+  void shadow_backward();
+  // Reduces every bucket through `hook` from now on. Once, before training starts.
+  void register_comm_hook(CommHook hook);
+  // The registered hook, or null.
+  const CommHook* comm_hook() const;
+
+  // Timings (iteration_recorder.h): DDPCore marks the forward, the reducer the rest.
+  void begin_iteration();
+  void forward_done();
+  RuntimeAverages runtime_averages() const;
+  void set_timeline(Timeline* timeline);
+
+  ReducerStats stats() const;
+  // stats().iterations_reduced without building the rest (per iteration: allocates nothing).
+  int64_t iterations_reduced() const;
+
+ private:
+  Reducer(std::vector<at::Tensor> params, std::vector<std::string> names, ProcessGroupPtr group,
+          ReducerOptions options);
+  void register_hooks();
+
+  // --- the per-iteration path -------------------------------------------------------------------
+  void on_gradient_ready(size_t param);
+  void mark_ready(size_t param, bool used);
+  void launch_ready_buckets();
+  void arm_pass();
+  void finalize();
+  void finalize_pass();
+  void wait_for_buckets();
+  void wait_for_bucket(size_t bucket);
+  std::string describe_bucket(size_t bucket) const;  // "DistributedDataParallel: allreduce of gradient bucket b of n"
+  c10::intrusive_ptr<c10d::Work> launch_usage_exchange();
+  void read_usage_exchange(const c10::intrusive_ptr<c10d::Work>& work);
+  void write_back_gradients();
+
+  // --- set-up -----------------------------------------------------------------------------------
+  void build_buckets(const std::vector<size_t>& order);
+  std::vector<GradBucket> hook_buckets() const;
+  void rebuild_buckets_in_observed_order();
+  void autotune_step();
+  std::vector<BucketParam> bucket_params() const;
+  void verify_buckets_match_across_ranks() const;
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL: every rank checks that all run this collective (desync.h).
+  void check_collective(CollectiveOp op, int64_t index, const at::Tensor& tensor, int64_t root = -1) const;
+  std::vector<size_t> find_unused(const std::vector<at::Tensor>& outputs) const;
+  void discard_iteration();
+
+  enum class State {
+    kIdle,          // no forward since the last reduction: a gradient now is an error
+    kAccumulating,  // forward ran under no_sync(): gradients stay local
+    kExpecting,     // forward ran: waiting for the first gradient
+    kReducing,      // backward is running and buckets are being launched
+  };
+
+  std::vector<at::Tensor> params_;
+  std::vector<std::string> names_;
+  ProcessGroupPtr group_;
+  ReducerOptions options_;
+  // Strong references: autograd only holds gradient accumulators weakly, and a new accumulator
+  // would not carry our hook.
+  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
+  std::vector<uintptr_t> hook_keys_;  // hook_keys_[param]: our hook on grad_accumulators_[param]
+  std::unordered_map<const torch::autograd::Node*, size_t> param_of_accumulator_;
+
+  std::vector<Bucket> buckets_;
+  std::vector<BucketPlace> place_;    // place_[param]: where its gradient lives
+  std::vector<size_t> bucket_order_;  // the parameter order buckets were last built from
+
+  mutable std::mutex mutex_;
+  State state_ = State::kIdle;
+  std::vector<char> ready_;           // ready_[param] in this iteration
+  size_t next_bucket_ = 0;            // first bucket not launched yet
+  std::vector<size_t> unused_;        // found unused at forward (static_graph: in iteration one),
+                                      // marked when backward starts
+  bool track_usage_ = false;          // this iteration learns which parameters any rank used
+  at::Tensor used_host_;              // int32 per parameter: 1 where this rank produced a gradient
+  at::Tensor used_device_;            // the same on the parameters' device, for the collective
+  std::vector<char> globally_unused_; // no rank produced a gradient: leave param.grad() alone
+  bool graph_learnt_ = false;
+  std::vector<size_t> ready_order_;   // first iteration's gradient order, for the one rebuild
+  bool rebuilt_ = false;
+  std::string error_;                 // raised at the next forward
+  std::unique_ptr<HookRunner> hook_runner_;  // set by register_comm_hook
+  int64_t training_forwards_ = 0;     // forwards that armed the reducer (training has begun)
+  int divisor_ = 1;                   // gradients are averaged over this many ranks
+  bool check_collectives_ = false;    // TORCH_DISTRIBUTED_DEBUG=DETAIL
+  IterationRecorder recorder_;        // timings for logging_data() and the timeline
+  std::unique_ptr<BucketAutotuner> autotuner_;  // bucket_cap_mb_auto, from the rebuild on
+  std::vector<int64_t> first_bucket_bytes_;  // as first built, and after the rebuild
+  std::vector<int64_t> rebuilt_bucket_bytes_;
+  int64_t collectives_launched_ = 0;
+  int64_t iterations_reduced_ = 0;
+};
+
+}  // namespace ddp::detail

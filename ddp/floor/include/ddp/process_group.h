@@ -1,0 +1,103 @@
+#pragma once
+// Process groups: rendezvous (env://, tcp://, file://), the default group, and the few
+// collectives a training script calls directly. Mirrors torch.distributed's free functions.
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/arg.h>
+#include <ddp/launch_environment.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+namespace ddp {
+
+using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
+
+// PyTorch's default for rendezvous and collectives.
+inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(30);
+
+// The fields of PyTorch's init_process_group; options added since chain like DDPOptions:
+//   ddp::InitOptions{"gloo", "env://"}.shared_memory(false)
+struct InitOptions {
+  InitOptions(std::string backend = "auto", std::string init_method = "env://")
+      : backend(std::move(backend)), init_method(std::move(init_method)) {}
+  // "gloo", "nccl", or "auto" (nccl when CUDA is available and LibTorch has NCCL, else gloo).
+  std::string backend;
+  // "env://" (MASTER_ADDR/MASTER_PORT), "tcp://host:port", or "file:///path/to/shared/file".
+  std::string init_method;
+  // -1: from the launcher's variables (launch_environment.h: torchrun/ddprun, Slurm, Open MPI; a
+  // world of one, with a notice, when there is no launcher).
+  int rank = -1;
+  int world_size = -1;
+  // true: no launcher is an error instead of a world of one.
+  bool require_launcher = false;
+  // Applies to the rendezvous and to every collective: a dead peer becomes an error, not a hang.
+  std::chrono::milliseconds timeout = kDefaultTimeout;
+  // Gloo groups whose ranks all run on this host reduce, broadcast and gather CPU tensors through
+  // shared memory instead of TCP (the same results; README, "Shared memory"). false, or
+  // TORCHDDP_SHM=0 in the environment of any rank, keeps every collective on Gloo.
+  TORCH_ARG(bool, shared_memory) = true;
+};
+
+// Creates a process group, makes it the default group and returns it.
+ProcessGroupPtr init_process_group(const InitOptions& options = {});
+// Creates a process group without touching the default group.
+ProcessGroupPtr new_process_group(const InitOptions& options);
+
+// torch.distributed.new_group() over every rank of a group: a group with connections of its own,
+// whose collectives never pair with the parent's.
+struct NewGroupOptions {
+  // The group whose ranks and rendezvous the new group shares; null: the default group.
+  TORCH_ARG(ProcessGroupPtr, parent) = {};
+  // As InitOptions::shared_memory, for the new group only (false: Gloo alone, e.g. as a baseline).
+  TORCH_ARG(bool, shared_memory) = true;
+};
+// Collective: every rank of the parent calls it, in the same order. Throws std::invalid_argument
+// for a parent built with c10d directly (there is no rendezvous to make another group from).
+ProcessGroupPtr new_group(const NewGroupOptions& options = {});
+
+bool is_initialized();
+// The default group; throws when init_process_group has not been called.
+ProcessGroupPtr default_group();
+// Drops the default group (its workers shut down once the last reference goes).
+void destroy_process_group();
+
+// A collective that failed: a peer rank died, hung past the group's timeout, or ran a different
+// sequence of collectives. Thrown by every blocking call below and by DDP's own collectives.
+class CollectiveError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Free functions on a group (the default group when `group` is null). All block until done and
+// throw CollectiveError when the collective fails. Each first checks, with a small fixed-size
+// exchange, that every rank is running the same collective with the same size and dtype (and
+// root): ranks that disagree all get a CollectiveError naming what each rank ran, instead of the
+// backend pairing mismatched buffers. (Mixing these with raw c10d calls on the same group
+// defeats that check: keep to one or the other on a group.)
+int get_rank(const ProcessGroupPtr& group = {});
+// How `group` (the default group when null) moves data: "gloo+shm" (its ranks share this host and
+// its CPU collectives go through shared memory), "gloo", "nccl"; for a group built with c10d
+// directly, its backend's name.
+std::string transport(const ProcessGroupPtr& group = {});
+int get_world_size(const ProcessGroupPtr& group = {});
+void barrier(const ProcessGroupPtr& group = {});
+void all_reduce(at::Tensor& tensor, c10d::ReduceOp op = c10d::ReduceOp::SUM,
+                const ProcessGroupPtr& group = {});
+void broadcast(at::Tensor& tensor, int src = 0, const ProcessGroupPtr& group = {});
+// Returns world_size tensors shaped like `tensor`, index r holding rank r's value.
+std::vector<at::Tensor> all_gather(const at::Tensor& tensor, const ProcessGroupPtr& group = {});
+
+// This process's rank on its host, from the launcher (launch_environment.h: LOCAL_RANK,
+// SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK; 0 without one): which device it should use.
+int local_rank();
+
+// The device a tensor must be on for a collective on `group` (the default group when null): the
+// CPU for Gloo, this process's GPU (cuda:<local_rank() % device count>) for NCCL, which moves CUDA
+// tensors only. The one rule every collective on small host-side values follows.
+c10::Device collective_device(const ProcessGroupPtr& group = {});
+
+}  // namespace ddp

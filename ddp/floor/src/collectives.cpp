@@ -1,0 +1,92 @@
+// The free collectives (torch.distributed's get_rank, barrier, all_reduce, ...) and the rules
+// shared by every collective: which device it needs, how a failure reads.
+#include <torch/cuda.h>
+
+#include <ddp/process_group.h>
+#include <ddp/wait_collective.h>
+
+#include "backends.h"
+#include "debug_level.h"
+#include "desync.h"
+#include "error_text.h"
+#include "heartbeat.h"
+
+namespace ddp {
+
+void throw_collective_error(const std::string& what, const char* hint, const std::exception& cause) {
+  const std::string stall = detail::stall_report();
+  throw CollectiveError(what + " failed: " +
+                        (hint != nullptr ? std::string(hint)
+                                         : "a peer rank may have died, hung past the timeout, or run a different "
+                                           "sequence of collectives") +
+                        ". Cause: " + error_text(cause) + (stall.empty() ? "" : ". " + stall));
+}
+
+void wait_collective(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what, const char* hint) {
+  wait_collective(work, [&] { return what; }, hint);
+}
+
+
+namespace {
+ProcessGroupPtr resolve(const ProcessGroupPtr& group) { return group ? group : default_group(); }
+}  // namespace
+
+c10::Device collective_device(const ProcessGroupPtr& group) {
+  if (resolve(group)->getBackendName() != "nccl") return c10::Device(c10::kCPU);
+  const auto count = static_cast<int>(torch::cuda::device_count());
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(count > 0 ? local_rank() % count : 0));
+}
+
+int get_rank(const ProcessGroupPtr& group) { return resolve(group)->getRank(); }
+std::string transport(const ProcessGroupPtr& group) { return detail::transport_of(resolve(group)); }
+int get_world_size(const ProcessGroupPtr& group) { return resolve(group)->getSize(); }
+
+// Under TORCH_DISTRIBUTED_DEBUG=DETAIL each free collective first checks that every rank runs the
+// same one (desync.h): a mismatch is a CollectiveError on every rank instead of mismatched buffers
+// paired inside the backend. Otherwise a free collective is exactly one collective, as in PyTorch.
+namespace {
+detail::CollectiveFingerprint fingerprint(detail::CollectiveOp op, const at::Tensor& tensor, int root = -1,
+                                          int64_t reduce_op = -1) {
+  return {op, -1, tensor.scalar_type(), tensor.numel(), root, -1, reduce_op};
+}
+
+void verify_if_detail(const ProcessGroupPtr& group, const detail::CollectiveFingerprint& mine, const char* who) {
+  if (detail::debug_level() == detail::DebugLevel::kDetail) detail::verify_same_collective(group, mine, who);
+}
+}  // namespace
+
+void barrier(const ProcessGroupPtr& group) {
+  auto pg = resolve(group);
+  verify_if_detail(pg, {detail::CollectiveOp::kBarrier}, "ddp::barrier");
+  wait_collective(pg->barrier(), "ddp::barrier");
+}
+
+void all_reduce(at::Tensor& tensor, c10d::ReduceOp op, const ProcessGroupPtr& group) {
+  auto pg = resolve(group);
+  verify_if_detail(pg, fingerprint(detail::CollectiveOp::kAllReduce, tensor, -1, static_cast<int64_t>(op)), "ddp::all_reduce");
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions options;
+  options.reduceOp = op;
+  wait_collective(pg->allreduce(tensors, options), "ddp::all_reduce");
+}
+
+void broadcast(at::Tensor& tensor, int src, const ProcessGroupPtr& group) {
+  auto pg = resolve(group);
+  verify_if_detail(pg, fingerprint(detail::CollectiveOp::kBroadcast, tensor, src), "ddp::broadcast");
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::BroadcastOptions options;
+  options.rootRank = src;
+  wait_collective(pg->broadcast(tensors, options), "ddp::broadcast");
+}
+
+std::vector<at::Tensor> all_gather(const at::Tensor& tensor, const ProcessGroupPtr& group) {
+  auto pg = resolve(group);
+  verify_if_detail(pg, fingerprint(detail::CollectiveOp::kAllGather, tensor), "ddp::all_gather");
+  std::vector<at::Tensor> input{tensor.contiguous()};
+  std::vector<std::vector<at::Tensor>> output(1);
+  for (int r = 0; r < pg->getSize(); ++r) output[0].push_back(at::empty_like(input[0]));
+  wait_collective(pg->allgather(output, input), "ddp::all_gather");
+  return output[0];
+}
+
+}  // namespace ddp

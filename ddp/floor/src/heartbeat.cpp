@@ -1,0 +1,174 @@
+// The heartbeat thread and the stall report (heartbeat.h says what they are for).
+#include "heartbeat.h"
+
+#include <ddp/wait_collective.h>
+
+#include <condition_variable>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "error_text.h"
+#include "text.h"
+
+namespace ddp::detail {
+
+namespace {
+std::atomic<int> g_collectives_waiting{0};  // collectives this process waits in right now
+}  // namespace
+
+WaitingInCollective::WaitingInCollective() { g_collectives_waiting.fetch_add(1, std::memory_order_relaxed); }
+WaitingInCollective::~WaitingInCollective() { g_collectives_waiting.fetch_sub(1, std::memory_order_relaxed); }
+
+namespace {
+
+constexpr auto kInterval = std::chrono::seconds(1);
+constexpr auto kObservation = std::chrono::milliseconds(2500);  // 2.5 beats: a running rank beats at least twice
+
+std::string key_of(int rank) { return "torchddp/heartbeat/" + std::to_string(rank); }
+
+struct Beat {
+  long count = 0;
+  bool waiting = false;
+};
+
+class Heartbeat {
+ public:
+  Heartbeat(std::function<c10::intrusive_ptr<c10d::Store>()> connect, int rank, int world_size)
+      : rank_(rank), world_size_(world_size), thread_([this, connect = std::move(connect)] { run(connect); }) {}
+
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+  std::string report() {
+    c10::intrusive_ptr<c10d::Store> store;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!store_) return "Stall check: this rank's heartbeat never reached the store" + problem_suffix();
+      store = store_;
+    }
+    try {
+      const auto before = read_all(*store);
+      std::this_thread::sleep_for(kObservation);
+      const auto after = read_all(*store);
+      return describe(before, after);
+    } catch (const std::exception& error) {
+      return "Stall check: the store is unreachable (" + error_text(error) +
+             "); the rank hosting it (rank 0, or the launcher) may be gone";
+    }
+  }
+
+ private:
+  void run(const std::function<c10::intrusive_ptr<c10d::Store>()>& connect) {
+    c10::intrusive_ptr<c10d::Store> store;
+    try {
+      store = connect();
+    } catch (const std::exception& error) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      problem_ = error_text(error);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      store_ = store;
+    }
+    long beat = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!stopping_) {
+      const std::string value =
+          std::to_string(++beat) + " " + (g_collectives_waiting.load(std::memory_order_relaxed) > 0 ? "1" : "0");
+      lock.unlock();
+      try {
+        store->set(key_of(rank_), std::vector<uint8_t>(value.begin(), value.end()));
+      } catch (const std::exception& error) {  // kept for the report; the collectives will fail on their own
+        std::lock_guard<std::mutex> problem_lock(mutex_);
+        problem_ = error_text(error);
+      }
+      lock.lock();
+      wake_.wait_for(lock, kInterval, [this] { return stopping_; });
+    }
+  }
+
+  std::string problem_suffix() {
+    return problem_.empty() ? "" : " (" + problem_ + ")";
+  }
+
+  std::vector<std::optional<Beat>> read_all(c10d::Store& store) {
+    std::vector<std::optional<Beat>> beats(world_size_);
+    for (int r = 0; r < world_size_; ++r) {
+      if (r == rank_ || !store.check({key_of(r)})) continue;
+      const auto bytes = store.get(key_of(r));
+      std::istringstream fields(std::string(bytes.begin(), bytes.end()));
+      Beat beat;
+      int waiting = 0;
+      if (fields >> beat.count >> waiting) {
+        beat.waiting = waiting != 0;
+        beats[r] = beat;
+      }
+    }
+    return beats;
+  }
+
+  std::string describe(const std::vector<std::optional<Beat>>& before, const std::vector<std::optional<Beat>>& after) {
+    std::vector<std::string> findings;
+    const std::string seconds = std::to_string(kObservation.count() / 1000.0).substr(0, 3);
+    for (int r = 0; r < world_size_; ++r) {
+      if (r == rank_) continue;
+      const std::string who = "rank " + std::to_string(r);
+      if (!after[r]) {
+        findings.push_back(who + " never sent a heartbeat");
+      } else if (!before[r] || after[r]->count == before[r]->count) {
+        findings.push_back(who + " stopped (no heartbeat for " + seconds +
+                           " s: its process is frozen, stopped or gone, or its host is unreachable)");
+      } else if (!after[r]->waiting && !before[r]->waiting) {
+        findings.push_back(who + " is running but in no collective (busy in its own code, or deadlocked there)");
+      }
+    }
+    if (findings.empty()) return "Stall check: every other rank is running and inside a collective";
+    return "Stall check: " + join_limited(findings, 8, "; ", [](const std::string& finding) { return finding; });
+  }
+
+  const int rank_, world_size_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string problem_;
+  std::thread thread_;  // last: started once everything above exists
+};
+
+std::mutex g_mutex;
+std::unique_ptr<Heartbeat> g_heartbeat;
+
+}  // namespace
+
+void start_heartbeat(std::function<c10::intrusive_ptr<c10d::Store>()> connect, int rank, int world_size) {
+  auto heartbeat = std::make_unique<Heartbeat>(std::move(connect), rank, world_size);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_heartbeat = std::move(heartbeat);
+}
+
+void stop_heartbeat() {
+  std::unique_ptr<Heartbeat> stopped;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    stopped = std::move(g_heartbeat);
+  }
+}
+
+std::string stall_report() {
+  std::lock_guard<std::mutex> lock(g_mutex);  // held while reporting: stop_heartbeat waits for it
+  return g_heartbeat ? g_heartbeat->report() : "";
+}
+
+}  // namespace ddp::detail

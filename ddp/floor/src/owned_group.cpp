@@ -1,0 +1,108 @@
+// The group handle the library owns (owned_group.h): forwarding to the backend's group, except
+// where the shared-memory channel serves the collective.
+#include "owned_group.h"
+
+#include "shm/channel.h"
+
+namespace ddp::detail {
+
+OwnedGroup::OwnedGroup(c10::intrusive_ptr<compat::CollectiveBackend> inner, GroupRecipe recipe,
+                       std::shared_ptr<::gloo::transport::Device> device, std::unique_ptr<shm::Channel> shm)
+    : compat::CollectiveBackend(recipe.rank, recipe.size),
+      inner_(std::move(inner)),
+      recipe_(std::move(recipe)),
+      device_(std::move(device)),
+      shm_(std::move(shm)) {}
+
+OwnedGroup::~OwnedGroup() = default;
+
+std::string OwnedGroup::transport() const { return inner_->getBackendName() + (shm_ ? "+shm" : ""); }
+
+// --- the collectives shared memory runs when every tensor is a dense CPU one it takes ------------
+
+c10::intrusive_ptr<c10d::Work> OwnedGroup::allreduce(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceOptions& opts) {
+  if (shm_ && shm_->serves_allreduce(tensors, opts.reduceOp)) return shm_->allreduce(tensors, opts.reduceOp);
+  return inner_->allreduce(tensors, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> OwnedGroup::broadcast(std::vector<at::Tensor>& tensors,
+                                                     const c10d::BroadcastOptions& opts) {
+  if (shm_ && shm_->serves(tensors) && opts.rootTensor == 0) return shm_->broadcast(tensors, static_cast<int>(opts.rootRank));
+  return inner_->broadcast(tensors, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> OwnedGroup::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) {
+  if (shm_ && shm_->serves_allgather(outputs, inputs)) return shm_->allgather(outputs, inputs);
+  return inner_->allgather(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> OwnedGroup::barrier(const c10d::BarrierOptions& opts) {
+  if (shm_) return shm_->barrier();
+  return inner_->barrier(opts);
+}
+
+// --- everything else: the backend's group --------------------------------------------------------
+
+c10::intrusive_ptr<c10d::Work> OwnedGroup::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                               const c10d::AllreduceCoalescedOptions& opts) {
+  return inner_->allreduce_coalesced(tensors, opts);
+}
+c10::intrusive_ptr<c10d::Work> OwnedGroup::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
+  return inner_->reduce(tensors, opts);
+}
+c10::intrusive_ptr<c10d::Work> OwnedGroup::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                           const c10d::AllgatherOptions& opts) {
+  return inner_->_allgather_base(output, input, opts);
+}
+c10::intrusive_ptr<c10d::Work> OwnedGroup::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                               std::vector<at::Tensor>& inputs,
+                                                               const c10d::AllgatherOptions& opts) {
+  return inner_->allgather_coalesced(outputs, inputs, opts);
+}
+c10::intrusive_ptr<c10d::Work> OwnedGroup::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                  std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
+  return inner_->gather(outputs, inputs, opts);
+}
+c10::intrusive_ptr<c10d::Work> OwnedGroup::scatter(std::vector<at::Tensor>& outputs,
+                                                   std::vector<std::vector<at::Tensor>>& inputs,
+                                                   const c10d::ScatterOptions& opts) {
+  return inner_->scatter(outputs, inputs, opts);
+}
+c10::intrusive_ptr<c10d::Work> OwnedGroup::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                          std::vector<std::vector<at::Tensor>>& inputs,
+                                                          const c10d::ReduceScatterOptions& opts) {
+  return inner_->reduce_scatter(outputs, inputs, opts);
+}
+c10::intrusive_ptr<c10d::Work> OwnedGroup::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                const c10d::ReduceScatterOptions& opts) {
+  return inner_->_reduce_scatter_base(output, input, opts);
+}
+c10::intrusive_ptr<c10d::Work> OwnedGroup::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                         std::vector<int64_t>& output_split_sizes,
+                                                         std::vector<int64_t>& input_split_sizes,
+                                                         const c10d::AllToAllOptions& opts) {
+  return inner_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+}
+c10::intrusive_ptr<c10d::Work> OwnedGroup::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                                    const c10d::AllToAllOptions& opts) {
+  return inner_->alltoall(outputs, inputs, opts);
+}
+c10::intrusive_ptr<c10d::Work> OwnedGroup::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  return inner_->send(tensors, dst_rank, tag);
+}
+c10::intrusive_ptr<c10d::Work> OwnedGroup::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  return inner_->recv(tensors, src_rank, tag);
+}
+c10::intrusive_ptr<c10d::Work> OwnedGroup::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return inner_->recvAnysource(tensors, tag);
+}
+
+OwnedGroup* owned(const ProcessGroupPtr& group) {
+  if (!group) return nullptr;
+  return dynamic_cast<OwnedGroup*>(compat::backend_of(group).get());
+}
+
+}  // namespace ddp::detail

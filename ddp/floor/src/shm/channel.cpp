@@ -1,0 +1,311 @@
+// The shared-memory channel (channel.h): agreeing whether it serves a group, then c10d Works run
+// one after another on the channel's thread.
+#include "shm/channel.h"
+
+#ifdef _WIN32
+// No POSIX shared memory: every group runs on Gloo alone (CMakeLists.txt leaves the core out).
+namespace ddp::detail::shm {
+class Communicator {};
+std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>&, int, int, std::chrono::milliseconds,
+                                       const std::string&, bool) {
+  return nullptr;
+}
+Channel::~Channel() = default;
+bool Channel::serves(const std::vector<at::Tensor>&) const { return false; }
+bool Channel::serves_allreduce(const std::vector<at::Tensor>&, c10d::ReduceOp) const { return false; }
+bool Channel::serves_allgather(const std::vector<std::vector<at::Tensor>>&, const std::vector<at::Tensor>&) const {
+  return false;
+}
+#define DDP_NO_SHM_CHANNEL(name) TORCH_INTERNAL_ASSERT(false, "shared memory is not available on Windows: " name)
+c10::intrusive_ptr<c10d::Work> Channel::allreduce(std::vector<at::Tensor>&, c10d::ReduceOp) { DDP_NO_SHM_CHANNEL("allreduce"); }
+c10::intrusive_ptr<c10d::Work> Channel::broadcast(std::vector<at::Tensor>&, int) { DDP_NO_SHM_CHANNEL("broadcast"); }
+c10::intrusive_ptr<c10d::Work> Channel::allgather(std::vector<std::vector<at::Tensor>>&, std::vector<at::Tensor>&) {
+  DDP_NO_SHM_CHANNEL("allgather");
+}
+c10::intrusive_ptr<c10d::Work> Channel::barrier() { DDP_NO_SHM_CHANNEL("barrier"); }
+}  // namespace ddp::detail::shm
+#else
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <random>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+
+#include "error_text.h"
+#include "shm/communicator.h"
+
+namespace ddp::detail::shm {
+namespace {
+
+// Bytes per chunk: large enough that the per-chunk handshakes are rare (a 33.6 MB bucket is
+// 9 chunks), small enough that two buffers per rank stay modest.
+constexpr std::size_t kChunkBytes = std::size_t{4} << 20;
+
+// The Communicator's rendezvous over the group's c10d store.
+class StoreRendezvous final : public Rendezvous {
+ public:
+  explicit StoreRendezvous(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+  void set(const std::string& key, const std::string& value) override {
+    store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+  std::string get(const std::string& key) override {
+    const std::vector<uint8_t> value = store_->get(key);  // throws on the store's timeout
+    return std::string(value.begin(), value.end());
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+
+std::string get_text(c10d::Store& store, const std::string& key) {
+  const std::vector<uint8_t> value = store.get(key);
+  return std::string(value.begin(), value.end());
+}
+void set_text(c10d::Store& store, const std::string& key, const std::string& value) {
+  store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+// What two processes must share to map each other's segments: the host (name and boot), and the
+// /dev/shm mount (a container or namespace with its own has another device or inode).
+std::string host_identity() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  std::string boot;
+  std::ifstream("/proc/sys/kernel/random/boot_id") >> boot;
+  struct stat shm_dir {};
+  if (stat("/dev/shm", &shm_dir) != 0) return "";  // no /dev/shm: cannot serve
+  return std::string(name) + " " + boot + " " + std::to_string(shm_dir.st_dev) + ":" + std::to_string(shm_dir.st_ino);
+}
+
+// Letters and digits of the run id, at most 16: enough to tell jobs apart in `ls /dev/shm`.
+std::string short_run_id(const std::string& run_id) {
+  std::string out;
+  for (char c : run_id) {
+    if (std::isalnum(static_cast<unsigned char>(c)) && out.size() < 16) out += c;
+  }
+  return out.empty() ? "job" : out;
+}
+
+bool environment_allows() {
+  const char* value = std::getenv("TORCHDDP_SHM");
+  return value == nullptr || std::string(value) != "0";
+}
+
+std::optional<DType> dtype_of(c10::ScalarType type) {
+  switch (type) {
+    case c10::kFloat: return DType::kFloat32;
+    case c10::kDouble: return DType::kFloat64;
+    case c10::kBFloat16: return DType::kBFloat16;
+    case c10::kHalf: return DType::kFloat16;
+    case c10::kInt: return DType::kInt32;
+    case c10::kLong: return DType::kInt64;
+    case c10::kByte: return DType::kUInt8;
+    default: return std::nullopt;
+  }
+}
+
+std::optional<Op> op_of(c10d::ReduceOp op) {
+  switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
+    case c10d::ReduceOp::SUM: return Op::kSum;
+    case c10d::ReduceOp::AVG: return Op::kAvg;
+    case c10d::ReduceOp::MAX: return Op::kMax;
+    case c10d::ReduceOp::MIN: return Op::kMin;
+    case c10d::ReduceOp::PRODUCT: return Op::kProduct;
+    default: return std::nullopt;
+  }
+}
+
+bool dense_cpu(const at::Tensor& tensor) {
+  return tensor.defined() && tensor.device().is_cpu() && tensor.layout() == at::kStrided && tensor.is_contiguous();
+}
+
+}  // namespace
+
+// A c10d Work finished by the channel's thread: its future holds the collective's tensors (as
+// Gloo's does), and wait() returns once the future is complete.
+class Channel::Work final : public c10d::Work {
+ public:
+  Work(c10d::OpType type, std::vector<at::Tensor> result)
+      : c10d::Work(-1, type),
+        result_(std::move(result)),
+        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+  void complete(std::exception_ptr error) {
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue(result_));
+    }
+    finish(error);  // wakes wait(), after the future: a waiter may read the future at once
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return result_; }
+
+ private:
+  std::vector<at::Tensor> result_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                       std::chrono::milliseconds timeout, const std::string& run_id, bool wanted) {
+  if (size < 2) return nullptr;  // nothing to share
+  // 1. Where each rank runs, and whether it wants shared memory: the same answer on every rank.
+  const std::string where = wanted && environment_allows() ? host_identity() : "";
+  set_text(*store, "where/" + std::to_string(rank), where.empty() ? "off" : "on " + where);
+  std::string first;
+  bool serves = !where.empty();
+  for (int r = 0; r < size; ++r) {
+    const std::string theirs = get_text(*store, "where/" + std::to_string(r));
+    if (r == 0) first = theirs;
+    serves = serves && theirs != "off" && theirs == first;
+  }
+  if (!serves) return nullptr;
+
+  // 2. Segment names no other job or group can meet: the run id and a nonce rank 0 draws.
+  if (rank == 0) {
+    std::random_device random;
+    set_text(*store, "nonce", std::to_string(random()) + std::to_string(random()));
+  }
+  const std::string prefix = "/torchddp-" + short_run_id(run_id) + "-" + get_text(*store, "nonce").substr(0, 12);
+
+  // 3. Set up, then agree: a rank may fail after a peer succeeded, and all must use one transport.
+  std::unique_ptr<Communicator> communicator;
+  std::string failure;
+  try {
+    StoreRendezvous rendezvous(store);
+    Options options;
+    options.timeout = timeout;
+    options.chunk_bytes = kChunkBytes;
+    communicator = std::make_unique<Communicator>(rendezvous, prefix, rank, size, options);
+  } catch (const std::exception& error) {
+    failure = error_text(error);
+  }
+  set_text(*store, "setup/" + std::to_string(rank), failure.empty() ? "ok" : failure);
+  for (int r = 0; r < size; ++r) {
+    const std::string theirs = get_text(*store, "setup/" + std::to_string(r));
+    if (theirs == "ok") continue;
+    if (r == rank || (rank == 0 && failure.empty())) {
+      std::fprintf(stderr, "[torchddp] shared memory does not serve this group (rank %d: %s); its collectives use "
+                   "Gloo over TCP\n", r, theirs.c_str());
+    }
+    return nullptr;
+  }
+  return std::unique_ptr<Channel>(new Channel(std::move(communicator)));
+}
+
+Channel::Channel(std::unique_ptr<Communicator> communicator)
+    : communicator_(std::move(communicator)), thread_([this] { run(); }) {}
+
+Channel::~Channel() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_one();
+  thread_.join();
+}
+
+// --- what it serves ----------------------------------------------------------------------------
+
+bool Channel::serves(const std::vector<at::Tensor>& tensors) const {
+  return tensors.size() == 1 && dense_cpu(tensors[0]);
+}
+
+bool Channel::serves_allreduce(const std::vector<at::Tensor>& tensors, c10d::ReduceOp op) const {
+  if (!serves(tensors) || !dtype_of(tensors[0].scalar_type()) || !op_of(op)) return false;
+  return *op_of(op) != Op::kAvg || at::isFloatingType(tensors[0].scalar_type());
+}
+
+bool Channel::serves_allgather(const std::vector<std::vector<at::Tensor>>& outputs,
+                               const std::vector<at::Tensor>& inputs) const {
+  if (!serves(inputs) || outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(communicator_->size())) {
+    return false;
+  }
+  for (const at::Tensor& output : outputs[0]) {
+    if (!output.defined() || !output.device().is_cpu() || output.scalar_type() != inputs[0].scalar_type() ||
+        output.numel() != inputs[0].numel()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// --- the collectives: queued, run in order on the channel's thread ------------------------------
+
+c10::intrusive_ptr<c10d::Work> Channel::allreduce(std::vector<at::Tensor>& tensors, c10d::ReduceOp op) {
+  at::Tensor tensor = tensors[0];
+  const DType dtype = *dtype_of(tensor.scalar_type());
+  const Op reduce = *op_of(op);
+  return issue(c10d::OpType::ALLREDUCE, tensors, [this, tensor, dtype, reduce] {
+    communicator_->allreduce(tensor.data_ptr(), static_cast<std::size_t>(tensor.numel()), dtype, reduce);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> Channel::broadcast(std::vector<at::Tensor>& tensors, int root) {
+  at::Tensor tensor = tensors[0];
+  return issue(c10d::OpType::BROADCAST, tensors, [this, tensor, root] {
+    communicator_->broadcast(tensor.data_ptr(), tensor.nbytes(), root);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> Channel::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                  std::vector<at::Tensor>& inputs) {
+  at::Tensor input = inputs[0];
+  std::vector<at::Tensor> out = outputs[0];
+  return issue(c10d::OpType::ALLGATHER, out, [this, input, out] {
+    // Every rank's part lands in one contiguous buffer, then in the caller's tensors.
+    at::Tensor gathered = at::empty({static_cast<int64_t>(out.size()), input.numel()}, input.options());
+    communicator_->allgather(input.data_ptr(), input.nbytes(), gathered.data_ptr());
+    for (size_t r = 0; r < out.size(); ++r) out[r].copy_(gathered[static_cast<int64_t>(r)].view(out[r].sizes()));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> Channel::barrier() {
+  return issue(c10d::OpType::BARRIER, {}, [this] { communicator_->barrier(); });
+}
+
+c10::intrusive_ptr<c10d::Work> Channel::issue(c10d::OpType type, std::vector<at::Tensor> result,
+                                              std::function<void()> body) {
+  auto work = c10::make_intrusive<Work>(type, std::move(result));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back([work, body = std::move(body)] {
+      std::exception_ptr error;
+      try {
+        body();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      work->complete(error);
+    });
+  }
+  wake_.notify_one();
+  return work;
+}
+
+void Channel::run() {
+  for (;;) {
+    std::function<void()> next;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything issued has run
+      next = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    next();
+  }
+}
+
+}  // namespace ddp::detail::shm
+#endif  // _WIN32

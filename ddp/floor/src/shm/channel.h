@@ -1,0 +1,73 @@
+#pragma once
+// The shared-memory channel of a Gloo group whose ranks all run on one host: c10d's asynchronous
+// collectives (a Work per call, finished later) over a Communicator (communicator.h), which is
+// synchronous and single-threaded. One thread per channel runs the collectives in the order they
+// were issued; a Work completes when its collective has, so DDP keeps launching buckets while
+// backward runs, and comm hooks chain on the Work's future as on Gloo's.
+//
+// What it serves (serves_*): one dense, contiguous CPU tensor of float32, float64, bfloat16,
+// float16 (summed in float32), int32, int64 or uint8; allreduce with SUM, AVG, MAX, MIN, PRODUCT
+// (AVG only of floating types); broadcast; allgather into same-shaped outputs; barrier. The owner
+// (owned_group.h) sends everything else to Gloo.
+//
+// Thread-safety: the collectives may be issued from any thread; the channel serializes them in
+// the order of the calls, which every rank must make in the same order (as with any backend).
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+namespace ddp::detail::shm {
+
+class Communicator;
+
+class Channel {
+ public:
+  // Collective: every rank of the group calls it with the same arguments but its rank. Returns
+  // the channel, or null on every rank alike - when `wanted` is false or TORCHDDP_SHM=0 on any
+  // rank, when the ranks are not all on this host (hostname and boot id, compared through the
+  // store), or when any rank's set-up fails (no /dev/shm, full, ...; said once on stderr) - and
+  // the group then runs on Gloo alone. `store` is the group's own (prefixed) store.
+  static std::unique_ptr<Channel> open(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                       std::chrono::milliseconds timeout, const std::string& run_id, bool wanted);
+  ~Channel();  // runs what was issued, then stops the thread
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  bool serves(const std::vector<at::Tensor>& tensors) const;
+  bool serves_allreduce(const std::vector<at::Tensor>& tensors, c10d::ReduceOp op) const;
+  bool serves_allgather(const std::vector<std::vector<at::Tensor>>& outputs,
+                        const std::vector<at::Tensor>& inputs) const;
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, c10d::ReduceOp op);
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, int root);
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs);
+  c10::intrusive_ptr<c10d::Work> barrier();
+
+ private:
+  class Work;
+  explicit Channel(std::unique_ptr<Communicator> communicator);
+  // Queues `body` (run on the channel's thread) and returns the Work it completes.
+  c10::intrusive_ptr<c10d::Work> issue(c10d::OpType type, std::vector<at::Tensor> result,
+                                       std::function<void()> body);
+  void run();
+
+  std::unique_ptr<Communicator> communicator_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::function<void()>> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace ddp::detail::shm

@@ -1,0 +1,576 @@
+// Shared-memory collectives for the ranks of one host (communicator.h). Read top to bottom:
+// the shared layout, setup, the step machinery (post, wait, failure), then the collectives.
+#include "communicator.h"
+
+#include <sched.h>
+#include <sys/mman.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <new>
+#include <sstream>
+#include <thread>
+
+#include "wait.h"
+
+namespace ddp::detail::shm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+constexpr std::uint64_t kMagic = 0x746f726368646470ull;  // "torchddp"
+constexpr std::uint32_t kVersion = 1;
+constexpr std::size_t kControlBytes = 4096;  // the control block's page; the data buffers follow
+constexpr std::size_t kMessageBytes = 1024;
+constexpr auto kSleepSlice = 50ms;      // longest futex sleep: then look at the deadline and the peers
+constexpr auto kPidCheckEvery = 100ms;  // how often a waiting rank asks whether lagging peers still live
+
+enum class Kind : std::uint32_t { kAllreduce = 1, kBroadcast, kAllgather, kBarrier };
+
+// CPUs this process may run on: fewer than ranks means the rank we wait for may need our core.
+int cpus_available() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// What /proc says about a process: enough to tell "exited" (gone, a zombie, or its pid reused by
+// another process) from "alive" or "stopped". start_time is in clock ticks since boot, the same
+// in every pid namespace.
+struct ProcessInfo {
+  bool exists = false;
+  char state = '?';
+  std::uint64_t start_time = 0;  // 0: unknown (no /proc)
+};
+
+ProcessInfo read_process(int pid) {
+  ProcessInfo info;
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return info;
+  info.exists = true;
+  std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  const auto paren = text.rfind(')');  // the command name may hold spaces and parentheses
+  if (paren == std::string::npos) return info;
+  std::istringstream fields(text.substr(paren + 1));
+  std::string field;
+  fields >> info.state;
+  for (int i = 4; i < 22 && fields >> field; ++i) {
+  }
+  fields >> info.start_time;  // field 22
+  return info;
+}
+
+bool exited(const ProcessInfo& now, std::uint64_t start_time) {
+  return !now.exists || now.state == 'Z' || now.state == 'X' || (start_time != 0 && now.start_time != 0 && now.start_time != start_time);
+}
+
+}  // namespace
+
+// --- What lives in shared memory ---------------------------------------------------------------
+
+// A collective as one rank sees it; compared across ranks (the desync check).
+struct Communicator::Descriptor {
+  std::uint32_t sequence = 0;  // collectives this rank began, this one included
+  Kind kind = Kind::kBarrier;
+  std::uint64_t count = 0;     // allreduce: elements; broadcast, allgather: bytes (per rank)
+  DType dtype = DType::kUInt8;
+  Op op = Op::kSum;
+  std::int32_t root = -1;
+
+  bool operator==(const Descriptor& other) const {
+    return sequence == other.sequence && kind == other.kind && count == other.count && dtype == other.dtype && op == other.op &&
+           root == other.root;
+  }
+};
+
+// The first page of every rank's segment. The owner writes everything but `sleepers` (peers
+// count themselves in and out there). Setup fields are written before the rendezvous that
+// publishes the segment; the descriptors before the post that makes them visible; the message
+// before the `failed` flag (release) that makes it visible.
+struct Communicator::ControlBlock {
+  std::uint64_t magic;
+  std::uint32_t version;
+  std::int32_t rank;
+  std::int32_t size;
+  std::int32_t pid;
+  std::uint64_t start_time;
+  std::uint64_t chunk_bytes;
+  std::uint64_t one_step_bytes;
+
+  alignas(64) Progress progress;
+
+  alignas(64) std::atomic<std::uint32_t> failed;
+  std::int32_t culprit;  // the rank the failure names
+  char message[kMessageBytes];
+
+  // By sequence % 2: a peer reads the descriptor of collective n after its first wait in n, and
+  // by then no rank can have begun n + 2 (that needs this peer's first post of n + 1).
+  alignas(64) Descriptor descriptors[2];
+};
+static_assert(sizeof(Communicator::ControlBlock) <= kControlBytes, "the control block must fit its page");
+
+// Where a wait is, for error messages.
+struct Communicator::Step {
+  const char* waiting_for;
+  std::size_t chunk = 0;
+  std::size_t chunks = 1;
+};
+
+// --- Setup ---------------------------------------------------------------------------------------
+
+Communicator::Communicator(Rendezvous& rendezvous, const std::string& name_prefix, int rank, int size, Options options)
+    : options_(options), rank_(rank), size_(size) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    throw std::invalid_argument("shm::Communicator: rank " + std::to_string(rank) + " of " + std::to_string(size) + " is not a rank");
+  }
+  if (options_.timeout.count() <= 0) throw std::invalid_argument("shm::Communicator: the timeout must be positive");
+  options_.chunk_bytes = (std::max<std::size_t>(options_.chunk_bytes, 64) + 63) / 64 * 64;
+  options_.one_step_bytes = std::min(options_.one_step_bytes, options_.chunk_bytes);
+  if (size_ == 1) return;  // nothing to share
+
+  // Oversubscribed, the rank we wait for may need our core: spin only briefly before sleeping.
+  spin_ = cpus_available() >= size_ ? std::chrono::nanoseconds(20us) : std::chrono::nanoseconds(2us);
+  peers_.resize(size_);
+  sources_.resize(size_);
+  const std::size_t segment_bytes = kControlBytes + 2 * options_.chunk_bytes;
+  const auto name_of = [&](int r) { return name_prefix + "-" + std::to_string(r); };
+  const std::string key = "torchddp/shm" + name_prefix + "/";
+  const std::string me = std::to_string(rank_);
+  const auto get = [&](const std::string& what, int peer) {
+    try {
+      return rendezvous.get(key + what + "/" + std::to_string(peer));
+    } catch (const std::exception& e) {
+      throw ShmUnavailable("rank " + me + ": waiting for rank " + std::to_string(peer) + " (" + what + "): " + e.what());
+    }
+  };
+  const auto set = [&](const std::string& what, const std::string& value) {
+    try {
+      rendezvous.set(key + what + "/" + me, value);
+    } catch (const std::exception& e) {
+      throw ShmUnavailable("rank " + me + ": publishing \"" + what + "\": " + e.what());
+    }
+  };
+
+  // 1. Create my segment and fill in its control block; tell the peers it exists, or why not, so
+  //    they fail at once instead of waiting for the rendezvous timeout.
+  try {
+    Peer& self = peers_[rank_];
+    self.segment = Segment::create(name_of(rank_), segment_bytes);
+    auto* control = new (self.segment.data()) ControlBlock{};
+    control->magic = kMagic;
+    control->version = kVersion;
+    control->rank = rank_;
+    control->size = size_;
+    control->pid = static_cast<std::int32_t>(::getpid());
+    control->start_time = read_process(control->pid).start_time;
+    control->chunk_bytes = options_.chunk_bytes;
+    control->one_step_bytes = options_.one_step_bytes;
+  } catch (const std::exception& e) {
+    try {
+      set("created", std::string("error: ") + e.what());
+    } catch (const std::exception&) {
+    }
+    throw ShmUnavailable("rank " + me + ": " + e.what());
+  }
+  set("created", "ok");
+
+  // 2. Map every peer's segment once it exists, and make sure it is the one we expect.
+  std::vector<int> created;  // peers whose segments exist: if setup fails, their names go too (below)
+  std::string failure;
+  try {
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      const std::string status = get("created", p);
+      if (status != "ok") throw ShmUnavailable("rank " + std::to_string(p) + " could not create its segment: " + status);
+      created.push_back(p);
+      peers_[p].segment = Segment::open(name_of(p), segment_bytes);
+      const auto* control = static_cast<const ControlBlock*>(peers_[p].segment.data());
+      if (control->magic != kMagic || control->version != kVersion || control->rank != p || control->size != size_ ||
+          control->chunk_bytes != options_.chunk_bytes || control->one_step_bytes != options_.one_step_bytes) {
+        throw ShmUnavailable("shared memory object " + name_of(p) + " is not rank " + std::to_string(p) +
+                             "'s segment of this group (another version of the library, other options, or another group's name)");
+      }
+    }
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+
+  // 3. Tell everyone whether I mapped every segment; learn whether everyone did. Each rank then
+  //    knows that nobody needs a name any more.
+  try {
+    set("mapped", failure.empty() ? std::string("ok") : "error: " + failure);
+    if (!failure.empty()) throw ShmUnavailable("rank " + me + ": " + failure);
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      const std::string status = get("mapped", p);
+      if (status != "ok") throw ShmUnavailable("rank " + std::to_string(p) + " could not map the group's segments: " + status);
+    }
+  } catch (...) {
+    // Setup failed, so nobody will map anything again: remove the names of the peers' segments
+    // too, in case a peer died before removing its own (mine goes with peers_[rank_]).
+    for (int p : created) ::shm_unlink(name_of(p).c_str());
+    throw;
+  }
+
+  // 4. Remove my name: from now on the memory lives exactly as long as some process maps it.
+  peers_[rank_].segment.unlink();
+
+  for (int p = 0; p < size_; ++p) {
+    Peer& peer = peers_[p];
+    peer.control = static_cast<ControlBlock*>(peer.segment.data());
+    auto* data = static_cast<unsigned char*>(peer.segment.data()) + kControlBytes;
+    peer.buffers[0] = data;
+    peer.buffers[1] = data + options_.chunk_bytes;
+    // Watch its pid only if it is the peer's pid here too: the same process, started at the same
+    // tick (ranks in another pid namespace are left to the timeout).
+    const ProcessInfo info = read_process(peer.control->pid);
+    peer.check_pid = p != rank_ && info.exists && !exited(info, peer.control->start_time);
+  }
+}
+
+Communicator::~Communicator() = default;
+
+// --- Steps: post, wait, fail -----------------------------------------------------------------
+
+// Every collective goes through run(): it refuses to start after a failure, and turns any
+// failure inside into this rank's failure, which its peers see at once.
+template <typename Body>
+void Communicator::run(const Descriptor& descriptor, Body&& body) {
+  if (error_) throw *error_;
+  try {
+    begin(descriptor);
+    body();
+  } catch (const PeerError& e) {
+    fail(e);
+    throw;
+  } catch (const std::exception& e) {
+    const PeerError error(rank_, "rank " + std::to_string(rank_) + " failed in " + describe(current()) + ": " + e.what());
+    fail(error);
+    throw error;
+  }
+}
+
+// Publishes this collective's descriptor; the first post() makes it visible.
+void Communicator::begin(const Descriptor& descriptor) {
+  Descriptor& mine = peers_[rank_].control->descriptors[(sequence_ + 1) % 2];
+  mine = descriptor;
+  mine.sequence = ++sequence_;
+  first_post_pending_ = true;
+}
+
+void Communicator::post() {
+  if (first_post_pending_) {  // the peers may compare descriptors after this post: we do it after the next wait
+    first_post_pending_ = false;
+    compare_after_next_wait_ = true;
+  }
+  posted_ = shm::post(peers_[rank_].control->progress);
+}
+
+// Returns when every peer has made `target` posts. Throws PeerError when a peer failed, exited or
+// does not arrive within the timeout.
+void Communicator::wait_all(std::uint32_t target, const Step& step) {
+  const auto start = Clock::now();
+  const auto deadline = start + options_.timeout;
+  auto next_pid_check = start + kPidCheckEvery;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    Progress& progress = peers_[p].control->progress;
+    for (;;) {
+      const auto now = Clock::now();
+      const auto sleep = std::min<Clock::duration>(kSleepSlice, std::min(deadline, next_pid_check) - now);
+      if (wait_for(progress, target, spin_, sleep)) break;
+      // Not there yet: did someone fail (their wake brought us here), is time up, is the peer alive?
+      check_failed_peers();
+      const auto later = Clock::now();
+      if (later >= deadline) throw_timeout(target, step);
+      if (later >= next_pid_check) {
+        check_pids(target, step);
+        next_pid_check = later + kPidCheckEvery;
+      }
+    }
+  }
+  if (compare_after_next_wait_) {  // every peer has posted its first step: its descriptor is there
+    compare_after_next_wait_ = false;
+    check_descriptors();
+  }
+}
+
+// Before writing a data buffer: every peer must have posted its last step on the buffer's
+// previous contents. Ranks that only read their buffers this time skip the wait (a later writer
+// waits for the newest release, which covers this one).
+int Communicator::acquire_buffer(const Step& step, bool will_write) {
+  const int buffer = next_buffer_;
+  next_buffer_ ^= 1;
+  if (will_write) wait_all(buffer_free_at_[buffer], step);
+  return buffer;
+}
+
+// Right after a collective's last post on `buffer`: peers that posted this far are done with it.
+void Communicator::release_buffer(int buffer) { buffer_free_at_[buffer] = posted_; }
+
+void Communicator::check_descriptors() {
+  const Descriptor mine = peers_[rank_].control->descriptors[sequence_ % 2];
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    const Descriptor theirs = peers_[p].control->descriptors[sequence_ % 2];
+    if (theirs == mine) continue;
+    // Name the lower rank first, so both ranks of the pair throw the same text.
+    const int low = std::min(rank_, p), high = std::max(rank_, p);
+    const Descriptor& low_runs = low == rank_ ? mine : theirs;
+    const Descriptor& high_runs = low == rank_ ? theirs : mine;
+    throw PeerError(p, "rank " + std::to_string(low) + " and rank " + std::to_string(high) + " are not running the same collective: rank " +
+                           std::to_string(low) + " runs " + describe(low_runs) + ", rank " + std::to_string(high) + " runs " +
+                           describe(high_runs));
+  }
+}
+
+// A peer that failed raised its flag and woke us: fail with its error (same text, same culprit).
+void Communicator::check_failed_peers() {
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    const ControlBlock& control = *peers_[p].control;
+    if (control.failed.load(std::memory_order_acquire) == 0) continue;
+    throw PeerError(control.culprit, std::string(control.message, strnlen(control.message, kMessageBytes)));
+  }
+}
+
+namespace {
+std::string who(int rank, int pid, const ProcessInfo& info) {
+  std::string text = std::to_string(rank) + " (pid " + std::to_string(pid);
+  if (info.state == 'T' || info.state == 't') text += ", stopped";
+  return text + ")";
+}
+
+std::string where(const std::string& collective, std::size_t chunk, std::size_t chunks, const char* waiting_for) {
+  std::string text = collective;
+  if (chunks > 1) text += ", chunk " + std::to_string(chunk + 1) + " of " + std::to_string(chunks);
+  return text + ", waiting for " + waiting_for;
+}
+}  // namespace
+
+// A lagging peer whose process is gone will never post: name it now rather than at the timeout.
+void Communicator::check_pids(std::uint32_t target, const Step& step) {
+  for (int p = 0; p < size_; ++p) {
+    const Peer& peer = peers_[p];
+    if (p == rank_ || !peer.check_pid || reached(peer.control->progress.count.load(std::memory_order_acquire), target)) continue;
+    if (!exited(read_process(peer.control->pid), peer.control->start_time)) continue;
+    throw PeerError(p, "rank " + std::to_string(p) + " (pid " + std::to_string(peer.control->pid) + ") exited; rank " +
+                           std::to_string(rank_) + " was in " +
+                           where(describe(current()), step.chunk, step.chunks, step.waiting_for));
+  }
+}
+
+// No post from some peers within the timeout: name every one of them, and say which are stopped.
+void Communicator::throw_timeout(std::uint32_t target, const Step& step) {
+  std::vector<int> lagging;
+  std::string names;
+  for (int p = 0; p < size_; ++p) {
+    const Peer& peer = peers_[p];
+    if (p == rank_ || reached(peer.control->progress.count.load(std::memory_order_acquire), target)) continue;
+    const ProcessInfo info = peer.check_pid ? read_process(peer.control->pid) : ProcessInfo{};
+    if (!lagging.empty()) names += ", ";
+    names += who(p, peer.control->pid, info);
+    lagging.push_back(p);
+  }
+  if (lagging.empty()) lagging.push_back(rank_ == 0 ? 1 : 0);  // they all came in at the last moment: unlikely, still a timeout
+  const std::string subject = lagging.size() == 1 ? "rank " + names + " did not arrive" : "ranks " + names + " did not arrive";
+  throw PeerError(lagging.front(), subject + " within " + std::to_string(options_.timeout.count()) + " ms; rank " + std::to_string(rank_) +
+                                       " was in " + where(describe(current()), step.chunk, step.chunks, step.waiting_for));
+}
+
+// This rank is out: keep the error for every later call, publish it (message first, then the
+// flag) and wake every sleeper of the group, whichever counter it sleeps on, so they see it.
+void Communicator::fail(const PeerError& error) noexcept {
+  if (error_) return;
+  try {
+    error_ = std::make_unique<PeerError>(error);
+  } catch (...) {
+  }
+  ControlBlock& mine = *peers_[rank_].control;
+  mine.culprit = error.peer();
+  std::strncpy(mine.message, error.what(), kMessageBytes - 1);
+  mine.failed.store(1, std::memory_order_release);
+  for (Peer& peer : peers_) wake_all(peer.control->progress);
+}
+
+const Communicator::Descriptor& Communicator::current() const { return peers_[rank_].control->descriptors[sequence_ % 2]; }
+
+std::string Communicator::describe(const Descriptor& d) const {
+  const std::string number = " #" + std::to_string(d.sequence);
+  switch (d.kind) {
+    case Kind::kAllreduce:
+      return "allreduce" + number + " (" + std::to_string(d.count) + " x " + dtype_name(d.dtype) + ", " + op_name(d.op) + ")";
+    case Kind::kBroadcast: return "broadcast" + number + " (" + std::to_string(d.count) + " bytes from rank " + std::to_string(d.root) + ")";
+    case Kind::kAllgather: return "allgather" + number + " (" + std::to_string(d.count) + " bytes per rank)";
+    case Kind::kBarrier: return "barrier" + number;
+  }
+  return "unknown collective" + number;
+}
+
+unsigned char* Communicator::buffer(int rank, int index) const { return peers_[rank].buffers[index]; }
+
+// --- The collectives -----------------------------------------------------------------------------
+
+void Communicator::allreduce(void* data, std::size_t count, DType dtype, Op op) {
+  if (!supported(dtype, op)) {
+    throw std::invalid_argument(std::string("shm::Communicator::allreduce: ") + op_name(op) + " of " + dtype_name(dtype) +
+                                " is not supported");
+  }
+  if (error_) throw *error_;
+  if (size_ == 1) return;  // the reduction of one tensor is itself (AVG divides by 1)
+  Descriptor descriptor;
+  descriptor.kind = Kind::kAllreduce;
+  descriptor.count = count;
+  descriptor.dtype = dtype;
+  descriptor.op = op;
+  run(descriptor, [&] {
+    auto* bytes = static_cast<unsigned char*>(data);
+    if (count * dtype_size(dtype) <= options_.one_step_bytes) {
+      allreduce_one_step(bytes, count, dtype, op);
+    } else {
+      allreduce_chunked(bytes, count, dtype, op);
+    }
+  });
+}
+
+// Small tensors: one round trip. Every rank reduces the whole tensor, which for a few KiB costs
+// less than the second round trip of the sliced algorithm.
+void Communicator::allreduce_one_step(unsigned char* data, std::size_t count, DType dtype, Op op) {
+  const std::size_t bytes = count * dtype_size(dtype);
+  // 1. Copy my input into a free buffer of mine; post: the peers may read it.
+  const int b = acquire_buffer({"the peers to finish reading this buffer"}, true);
+  if (bytes > 0) std::memcpy(buffer(rank_, b), data, bytes);
+  post();
+  // 2. Once every input is in: reduce them all, in rank order, into my output. Every rank reduces
+  //    the same bytes in the same order: the same bits everywhere.
+  wait_all(posted_, {"the peers' inputs"});
+  for (int q = 0; q < size_; ++q) sources_[q] = buffer(q, b);
+  reduce_into(data, sources_.data(), size_, count, dtype, op);
+  // 3. Post that I am done reading the peers' buffers.
+  post();
+  release_buffer(b);
+}
+
+// [begin, end) of `rank`'s slice of n elements: W nearly equal parts, cut at multiples of 64 bytes
+// (whole cache lines, aligned vectors) where there are enough elements.
+std::pair<std::size_t, std::size_t> Communicator::slice(int rank, std::size_t n, std::size_t element_size) const {
+  const std::size_t unit = std::max<std::size_t>(1, 64 / element_size);
+  const std::size_t units = (n + unit - 1) / unit;
+  const auto cut = [&](int r) { return std::min(n, units * static_cast<std::size_t>(r) / static_cast<std::size_t>(size_) * unit); };
+  return {cut(rank), cut(rank + 1)};
+}
+
+void Communicator::allreduce_chunked(unsigned char* data, std::size_t count, DType dtype, Op op) {
+  const std::size_t element = dtype_size(dtype);
+  const std::size_t chunk_elements = options_.chunk_bytes / element;
+  const std::size_t chunks = (count + chunk_elements - 1) / chunk_elements;
+  for (std::size_t k = 0; k < chunks; ++k) {
+    const std::size_t n = std::min(chunk_elements, count - k * chunk_elements);
+    unsigned char* mine = data + k * chunk_elements * element;
+    // 1. Copy my chunk into a free buffer of mine (the other one may still be read by peers that are
+    //    on the previous chunk); post: the peers may read it.
+    const int b = acquire_buffer({"the peers to finish reading this buffer", k, chunks}, true);
+    std::memcpy(buffer(rank_, b), mine, n * element);
+    post();
+    // 2. Once every peer's chunk is in: reduce my slice from all W buffers, in rank order, into my
+    //    own buffer's slice (reduce_into reads a block of every source before writing it); post.
+    wait_all(posted_, {"the peers' chunks", k, chunks});
+    const auto [begin, end] = slice(rank_, n, element);
+    for (int q = 0; q < size_; ++q) sources_[q] = buffer(q, b) + begin * element;
+    reduce_into(buffer(rank_, b) + begin * element, sources_.data(), size_, end - begin, dtype, op);
+    post();
+    // 3. Once every slice is reduced: copy each from its owner's buffer into my output; post that I
+    //    am done reading the peers' buffers.
+    wait_all(posted_, {"the peers' reduced slices", k, chunks});
+    for (int q = 0; q < size_; ++q) {
+      const auto [first, last] = slice(q, n, element);
+      if (last > first) std::memcpy(mine + first * element, buffer(q, b) + first * element, (last - first) * element);
+    }
+    post();
+    release_buffer(b);
+  }
+}
+
+void Communicator::broadcast(void* data, std::size_t bytes, int root) {
+  if (root < 0 || root >= size_) throw std::invalid_argument("shm::Communicator::broadcast: root " + std::to_string(root) + " is not a rank");
+  if (error_) throw *error_;
+  if (size_ == 1) return;
+  Descriptor descriptor;
+  descriptor.kind = Kind::kBroadcast;
+  descriptor.count = bytes;
+  descriptor.root = root;
+  run(descriptor, [&] {
+    auto* out = static_cast<unsigned char*>(data);
+    const std::size_t chunks = std::max<std::size_t>(1, (bytes + options_.chunk_bytes - 1) / options_.chunk_bytes);
+    for (std::size_t k = 0; k < chunks; ++k) {
+      const std::size_t offset = k * options_.chunk_bytes, n = std::min(options_.chunk_bytes, bytes - offset);
+      // 1. The root copies its chunk into a free buffer of its own; everyone posts (the others to
+      //    say they arrived, which the desync check needs).
+      const int b = acquire_buffer({"the peers to finish reading this buffer", k, chunks}, rank_ == root);
+      if (rank_ == root && n > 0) std::memcpy(buffer(root, b), out + offset, n);
+      post();
+      // 2. Once everyone arrived, the root's chunk is in: the others copy it out; everyone posts
+      //    that it is done reading.
+      wait_all(posted_, {"the root's chunk", k, chunks});
+      if (rank_ != root && n > 0) std::memcpy(out + offset, buffer(root, b), n);
+      post();
+      release_buffer(b);
+    }
+  });
+}
+
+void Communicator::allgather(const void* in, std::size_t bytes_per_rank, void* out) {
+  if (error_) throw *error_;
+  auto* gathered = static_cast<unsigned char*>(out);
+  const auto* piece = static_cast<const unsigned char*>(in);
+  unsigned char* my_place = gathered + rank_ * bytes_per_rank;
+  if (size_ == 1) {
+    if (bytes_per_rank > 0 && piece != my_place) std::memmove(my_place, piece, bytes_per_rank);
+    return;
+  }
+  Descriptor descriptor;
+  descriptor.kind = Kind::kAllgather;
+  descriptor.count = bytes_per_rank;
+  run(descriptor, [&] {
+    const std::size_t chunks = std::max<std::size_t>(1, (bytes_per_rank + options_.chunk_bytes - 1) / options_.chunk_bytes);
+    for (std::size_t k = 0; k < chunks; ++k) {
+      const std::size_t offset = k * options_.chunk_bytes, n = std::min(options_.chunk_bytes, bytes_per_rank - offset);
+      // 1. Copy my piece's chunk into a free buffer of mine; post.
+      const int b = acquire_buffer({"the peers to finish reading this buffer", k, chunks}, true);
+      if (n > 0) std::memcpy(buffer(rank_, b), piece + offset, n);
+      post();
+      // 2. Once every piece is in: copy each into its place (mine straight from `in`); post that I
+      //    am done reading.
+      wait_all(posted_, {"the peers' pieces", k, chunks});
+      for (int q = 0; q < size_ && n > 0; ++q) {
+        unsigned char* place = gathered + q * bytes_per_rank + offset;
+        if (q != rank_) {
+          std::memcpy(place, buffer(q, b), n);
+        } else if (piece != my_place) {
+          std::memmove(place, piece + offset, n);
+        }
+      }
+      post();
+      release_buffer(b);
+    }
+  });
+}
+
+void Communicator::barrier() {
+  if (error_) throw *error_;
+  if (size_ == 1) return;
+  Descriptor descriptor;
+  descriptor.kind = Kind::kBarrier;
+  run(descriptor, [&] {
+    // Post that I arrived; wait until everyone has.
+    post();
+    wait_all(posted_, {"the peers to arrive"});
+  });
+}
+
+}  // namespace ddp::detail::shm

@@ -1,0 +1,167 @@
+#pragma once
+// Collectives between the processes of one group on one host, through POSIX shared memory: no
+// kernel network stack, no copies beyond one into and one out of shared memory.
+//
+// Setup (the constructor; once per group). Every rank creates its segment "<prefix>-<rank>": a
+// control block (its progress counter, a count of sleepers on it, its pid, a failure flag and
+// message, the descriptors of its current collectives) and two data buffers of chunk_bytes,
+// used alternately so one chunk can be written while peers still read the other. It says so
+// through the caller's Rendezvous, maps every peer's segment, waits until every rank has mapped
+// every segment, and unlinks its own name. After construction /dev/shm holds nothing of the
+// group: a SIGKILL at any moment later leaves nothing behind.
+//
+// A collective is a fixed sequence of steps that every rank runs in the same order. Finishing a
+// step increments the rank's progress counter ("posts"), so the n-th post means the same thing on
+// every rank, and "wait for every peer's post n" is how one rank waits for the others (wait.h:
+// spin briefly, then sleep on a futex). allreduce, per chunk of at most chunk_bytes:
+//   1. copy my chunk into my buffer; post       (peers may now read it)
+//   2. wait for every peer's step 1; reduce my 1/W slice of the chunk from all W buffers, in rank
+//      order, into my own buffer's slice; post  (my slice of the result is ready)
+//   3. wait for every peer's step 2; copy every slice from its owner's buffer to my output; post
+//      (I am done reading everyone's buffer)
+// A buffer is written again only after every peer has posted its last step on the previous
+// contents, which with two buffers lets a fast rank copy chunk k+1 in while others still work on
+// chunk k. Tensors of at most one_step_bytes skip the slices: every rank reduces the whole tensor
+// from all buffers after step 1 (one round trip instead of two; the same bits on every rank).
+//
+// Checks that cost nothing extra: every rank writes a descriptor of the collective (kind, count,
+// dtype, op, root) into its control block before its first post, and compares every peer's after
+// its first wait; ranks that disagree throw PeerError naming both collectives ("desync"). Every
+// wait is bounded by the timeout; while waiting, a rank looks at each lagging peer's pid every
+// ~100 ms, so a peer that died is named within a fraction of a second; a rank that throws raises
+// its failure flag and wakes every waiter of the group, so the others fail at once, naming the
+// rank that caused it.
+//
+// Thread-safety: a Communicator is used by one thread at a time (calls from several threads must
+// be serialized by the caller). Collectives must be called in the same order with matching
+// arguments on every rank of the group.
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "reduce_kernels.h"
+#include "segment.h"
+
+namespace ddp::detail::shm {
+
+// The caller's key-value store (c10d's Store in the library, files in the tests), shared by the
+// ranks of the group. Keys are written once.
+class Rendezvous {
+ public:
+  virtual ~Rendezvous() = default;
+  virtual void set(const std::string& key, const std::string& value) = 0;
+  // Blocks until `key` is set and returns its value; throws (any std::exception) on timeout.
+  virtual std::string get(const std::string& key) = 0;
+};
+
+// A collective failed because of a peer, or was not the same collective on every rank. `peer()`
+// is the rank that caused it: the one that did not arrive, exited, or runs another collective.
+class PeerError : public std::runtime_error {
+ public:
+  PeerError(int peer, const std::string& what) : std::runtime_error(what), peer_(peer) {}
+  int peer() const noexcept { return peer_; }
+
+ private:
+  int peer_;
+};
+
+struct Options {
+  // Longest wait for any one step of a peer (a frozen peer fails the collective after this long).
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  // Bytes per chunk and per data buffer (two per rank), rounded up to a multiple of 64. Bounds
+  // the shared memory per rank (2 x chunk_bytes plus 4 KiB) and is the unit of pipelining.
+  std::size_t chunk_bytes = std::size_t{4} << 20;
+  // allreduce of at most this many bytes: one round trip, every rank reducing the whole tensor.
+  // Capped at chunk_bytes.
+  std::size_t one_step_bytes = std::size_t{32} << 10;
+};
+
+class Communicator {
+ public:
+  // Sets up the group (see the top of this file). `name_prefix` names the segments
+  // ("<prefix>-<rank>") and the rendezvous keys: one leading '/', no other, short enough for a
+  // 255-character name, and unique to this group of this job (carry the run id and the group's
+  // index) and to this Communicator (the rendezvous keys are set once). All ranks pass the same
+  // prefix, size and options. A group of one uses no shared memory.
+  // Throws ShmUnavailable if this rank or any peer could not set up (no /dev/shm, full, a stale
+  // object of that name, a peer that reported a failure, a rendezvous timeout); nothing of this
+  // rank is left in /dev/shm then. Ranks that throw should agree, through the caller's store, to
+  // use another transport for the whole group: a peer may have failed after this rank succeeded.
+  // Throws std::invalid_argument for a bad rank, size or options.
+  Communicator(Rendezvous& rendezvous, const std::string& name_prefix, int rank, int size, Options options = {});
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  // In place: data (count elements of dtype) becomes the reduction over all ranks, in rank order,
+  // bit-identical on every rank. Throws std::invalid_argument (before communicating, leaving the
+  // communicator usable) for an unsupported dtype/op pair (AVG of integers).
+  void allreduce(void* data, std::size_t count, DType dtype, Op op);
+  // `bytes` bytes from rank `root`'s data into everyone's.
+  void broadcast(void* data, std::size_t bytes, int root);
+  // out (size() * bytes_per_rank bytes) receives every rank's `in`, in rank order. `in` may be
+  // this rank's part of `out`; otherwise the two must not overlap.
+  void allgather(const void* in, std::size_t bytes_per_rank, void* out);
+  // Returns once every rank has called barrier().
+  void barrier();
+
+  // The collectives above throw PeerError when a peer fails them (see the top of this file);
+  // after that every call throws the same error again.
+  bool failed() const noexcept { return error_ != nullptr; }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  const Options& options() const noexcept { return options_; }
+
+  struct ControlBlock;  // the segment's header (communicator.cpp)
+
+ private:
+  struct Peer {
+    Segment segment;  // this rank's own, or the mapping of a peer's
+    ControlBlock* control = nullptr;
+    unsigned char* buffers[2] = {nullptr, nullptr};
+    bool check_pid = false;  // its pid is visible here (same pid namespace)
+  };
+  struct Descriptor;
+  struct Step;
+
+  template <typename Body>
+  void run(const Descriptor& descriptor, Body&& body);
+  void begin(const Descriptor& descriptor);
+  void post();
+  void wait_all(std::uint32_t target, const Step& step);
+  int acquire_buffer(const Step& step, bool will_write);
+  void release_buffer(int buffer);
+  unsigned char* buffer(int rank, int index) const;
+  std::pair<std::size_t, std::size_t> slice(int rank, std::size_t n, std::size_t element_size) const;
+  const Descriptor& current() const;
+  void check_descriptors();
+  void check_failed_peers();
+  void check_pids(std::uint32_t target, const Step& step);
+  [[noreturn]] void throw_timeout(std::uint32_t target, const Step& step);
+  void fail(const PeerError& error) noexcept;
+  std::string describe(const Descriptor& descriptor) const;
+
+  void allreduce_one_step(unsigned char* data, std::size_t count, DType dtype, Op op);
+  void allreduce_chunked(unsigned char* data, std::size_t count, DType dtype, Op op);
+
+  Options options_;
+  int rank_;
+  int size_;
+  std::vector<Peer> peers_;  // by rank; peers_[rank_] is this rank's own segment
+  std::vector<const void*> sources_;  // scratch: the reduction's inputs, one per rank
+  std::chrono::nanoseconds spin_;
+  std::uint32_t posted_ = 0;               // my progress counter, mirrored
+  std::uint32_t sequence_ = 0;             // collectives begun
+  bool compare_after_next_wait_ = false;   // the first post of a collective was made
+  bool first_post_pending_ = false;        // begin() ran, no post yet
+  int next_buffer_ = 0;
+  std::uint32_t buffer_free_at_[2] = {0, 0};  // a buffer may be rewritten once every peer posted this
+  std::unique_ptr<PeerError> error_;
+};
+
+}  // namespace ddp::detail::shm

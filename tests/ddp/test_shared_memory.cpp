@@ -1,0 +1,227 @@
+// The shared-memory channel through the public API (issue 24): a Gloo group whose ranks share this
+// host moves CPU collectives through /dev/shm, with the same results as an independent reference
+// (every rank's input regenerated here and folded in rank order in double, then cast), the same
+// failure behaviour (a killed rank is named, nothing is left in /dev/shm), and Gloo alone when
+// switched off. The core's own tests (every step, every wait) are tests/shm.
+#include <dirent.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ddp/distributed_data_parallel.h>
+
+#include "error_of.h"
+#include "multiprocess.h"
+
+namespace {
+
+using namespace ddp::test;
+
+// Rank r's input of a case: reproducible anywhere from (case, rank).
+torch::Tensor input_of(int64_t numel, torch::ScalarType dtype, c10d::ReduceOp op, int rank, int64_t seed) {
+  auto generator = at::detail::createCPUGenerator(static_cast<uint64_t>(seed * 131 + rank));
+  torch::Tensor values;
+  if (op == c10d::ReduceOp::PRODUCT) {  // 1 or 2 (products stay exact)
+    values = torch::randint(1, 3, {numel}, generator, torch::kDouble);
+  } else if (at::isFloatingType(dtype)) {
+    values = torch::randn({numel}, generator, torch::kDouble) * 3;
+  } else {
+    values = torch::randint(0, 100, {numel}, generator, torch::kDouble);
+  }
+  return values.to(dtype);
+}
+
+torch::Tensor reference(int64_t numel, torch::ScalarType dtype, c10d::ReduceOp op, int world, int64_t seed) {
+  torch::Tensor acc = input_of(numel, dtype, op, 0, seed).to(torch::kDouble);
+  for (int r = 1; r < world; ++r) {
+    const torch::Tensor x = input_of(numel, dtype, op, r, seed).to(torch::kDouble);
+    switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
+      case c10d::ReduceOp::MAX: acc = torch::maximum(acc, x); break;
+      case c10d::ReduceOp::MIN: acc = torch::minimum(acc, x); break;
+      case c10d::ReduceOp::PRODUCT: acc = acc * x; break;
+      default: acc = acc + x;
+    }
+  }
+  if (op == c10d::ReduceOp::AVG) acc = acc / world;
+  return acc;
+}
+
+// How far a result may be from the double reference: one rounding of the format per input for
+// float32/float64 sums (the channel adds in the format, rank by rank), one rounding of the result
+// for bfloat16/float16 (added in float32, rounded once), nothing for integers.
+double tolerance(torch::ScalarType dtype, const torch::Tensor& magnitude, int world) {
+  const double scale = magnitude.abs().max().item<double>() + 1;
+  switch (dtype) {
+    case torch::kFloat: return scale * world * 1.2e-7;
+    case torch::kDouble: return scale * world * 2.3e-16;
+    case torch::kBFloat16: return scale * (1.0 / 128 + world * 1.2e-7);
+    case torch::kHalf: return scale * (1.0 / 1024 + world * 1.2e-7);
+    default: return 0;
+  }
+}
+
+DDP_WORKER(shm_numerics) {
+  worker_init();
+  require(ddp::transport() == "gloo+shm", "expected shared memory, got " + ddp::transport());
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  const int64_t chunk = (int64_t{4} << 20) / 4;  // float32 elements per chunk (shm/channel.cpp)
+  const std::vector<int64_t> sizes = {0, 1, world - 1, 1001, chunk - 1, chunk, chunk + 1, 2 * chunk + 7};
+  const std::vector<torch::ScalarType> dtypes = {torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kHalf,
+                                                 torch::kInt,   torch::kLong,   torch::kByte};
+  const std::vector<c10d::ReduceOp> ops = {c10d::ReduceOp::SUM, c10d::ReduceOp::AVG, c10d::ReduceOp::MAX,
+                                           c10d::ReduceOp::MIN, c10d::ReduceOp::PRODUCT};
+  int64_t seed = 0;
+  for (const auto dtype : dtypes) {
+    for (const auto op : ops) {
+      if (op == c10d::ReduceOp::AVG && !at::isFloatingType(dtype)) continue;
+      for (const int64_t numel : sizes) {
+        // Large sizes once per dtype (SUM): the chunk boundaries are the same for every op.
+        if (numel > 1001 && op != c10d::ReduceOp::SUM) continue;
+        if (dtype == torch::kByte && op == c10d::ReduceOp::SUM && world > 2) continue;  // would wrap
+        ++seed;
+        torch::Tensor tensor = input_of(numel, dtype, op, rank, seed);
+        ddp::all_reduce(tensor, op);
+        const torch::Tensor want = reference(numel, dtype, op, world, seed);
+        const double off = numel == 0 ? 0 : (tensor.to(torch::kDouble) - want).abs().max().item<double>();
+        const double allowed = numel == 0 ? 0 : tolerance(dtype, want, world);
+        require(off <= allowed, std::string("all_reduce of ") + std::to_string(numel) + " " +
+                                    c10::toString(dtype) + " with op " + std::to_string(static_cast<int>(op)) +
+                                    ": off by " + std::to_string(off) + " > " + std::to_string(allowed));
+      }
+    }
+  }
+  // broadcast from every root, all_gather, barrier.
+  for (int root = 0; root < world; ++root) {
+    torch::Tensor tensor = input_of(chunk + 3, torch::kFloat, c10d::ReduceOp::SUM, rank, 1000 + root);
+    ddp::broadcast(tensor, root);
+    require(torch::equal(tensor, input_of(chunk + 3, torch::kFloat, c10d::ReduceOp::SUM, root, 1000 + root)),
+            "broadcast from rank " + std::to_string(root));
+  }
+  const auto gathered = ddp::all_gather(input_of(77, torch::kLong, c10d::ReduceOp::SUM, rank, 2000));
+  for (int r = 0; r < world; ++r) {
+    require(torch::equal(gathered[r], input_of(77, torch::kLong, c10d::ReduceOp::SUM, r, 2000)),
+            "all_gather part of rank " + std::to_string(r));
+  }
+  ddp::barrier();
+}
+TEST(SharedMemory, AllreduceBroadcastGatherMatchTheReferenceAtTwoRanks) {
+  EXPECT_WORKERS_OK(run_workers("shm_numerics", 2));
+}
+TEST(SharedMemory, AllreduceBroadcastGatherMatchTheReferenceAtThreeRanks) {
+  EXPECT_WORKERS_OK(run_workers("shm_numerics", 3));
+}
+TEST(SharedMemory, AllreduceBroadcastGatherMatchTheReferenceAtFourRanks) {
+  RunOptions options;
+  options.timeout = std::chrono::seconds(180);
+  EXPECT_WORKERS_OK(run_workers("shm_numerics", 4, options));
+}
+
+// Off by the environment (on any rank) or by InitOptions: Gloo alone, and said so.
+DDP_WORKER(shm_switched_off) {
+  worker_init();
+  const char* env = std::getenv("TORCHDDP_SHM");
+  require(ddp::transport() == "gloo", "expected Gloo alone (TORCHDDP_SHM=" + std::string(env ? env : "") +
+                                          " on rank 1), got " + ddp::transport());
+  auto tensor = torch::ones({5});
+  ddp::all_reduce(tensor);
+  require(tensor.sum().item<float>() == 5 * ddp::get_world_size(), "sum over Gloo");
+}
+TEST(SharedMemory, OffOnOneRankIsOffForTheWholeGroup) {
+  RunOptions options;
+  options.rank_env[1] = {{"TORCHDDP_SHM", "0"}};
+  EXPECT_WORKERS_OK(run_workers("shm_switched_off", 2, options));
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Names of this job's segments in /dev/shm (the channel's names start with /torchddp-<run id>).
+std::vector<std::string> shm_entries(const std::string& run_id) {
+  std::vector<std::string> found;
+  if (DIR* dir = opendir("/dev/shm")) {
+    while (const dirent* entry = readdir(dir)) {
+      const std::string name = entry->d_name;
+      if (name.rfind("torchddp-" + run_id, 0) == 0) found.push_back(name);
+    }
+    closedir(dir);
+  }
+  return found;
+}
+
+// A rank that all-reduces 33.6 MB again and again until something fails; it writes the error.
+DDP_WORKER(shm_allreduce_forever) {
+  worker_init(std::chrono::seconds(30));
+  require(ddp::transport() == "gloo+shm", "expected shared memory, got " + ddp::transport());
+  write_shared("ready." + std::to_string(ddp::get_rank()), "1");
+  auto tensor = torch::ones({8400000});
+  const std::string message = error_of<ddp::CollectiveError>([&] {
+    for (;;) ddp::all_reduce(tensor);
+  });
+  write_shared("error." + std::to_string(ddp::get_rank()), message);
+}
+
+// SIGKILL of a random rank in the middle of 33.6 MB allreduces, ten times: every other rank fails
+// within seconds (not the 30 s timeout) naming the killed rank, and /dev/shm holds nothing of the
+// job afterwards (the segments were unlinked as soon as every rank had mapped them).
+TEST(SharedMemory, AKilledRankIsNamedAndNothingIsLeftInDevShm) {
+  std::mt19937 random(7);
+  for (int round = 0; round < 10; ++round) {
+    const int world = 3;
+    const std::string dir = make_temp_dir("shm_kill");
+    const std::string run_id = "shmkill" + std::to_string(getpid()) + "r" + std::to_string(round);
+    std::vector<pid_t> pids;
+    for (int rank = 0; rank < world; ++rank) {
+      pids.push_back(spawn_worker("shm_allreduce_forever",
+                                  {{"RANK", std::to_string(rank)}, {"WORLD_SIZE", std::to_string(world)},
+                                   {"DDP_TEST_DIR", dir}, {"DDP_TEST_STORE", dir + "/store"},
+                                   {"OMP_NUM_THREADS", "1"}, {"TORCHDDP_RUN_ID", run_id}},
+                                  dir + "/log." + std::to_string(rank)));
+    }
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    auto exists = [&](const std::string& name) { return access((dir + "/" + name).c_str(), F_OK) == 0; };
+    for (int rank = 0; rank < world; ++rank) {
+      while (!exists("ready." + std::to_string(rank)) && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::uniform_int_distribution<int>(50, 400)(random)));
+    const int victim = std::uniform_int_distribution<int>(0, world - 1)(random);
+    ASSERT_EQ(kill(pids[victim], SIGKILL), 0);
+    const auto killed_at = std::chrono::steady_clock::now();
+    ASSERT_EQ(waitpid(pids[victim], nullptr, 0), pids[victim]);  // gone, as under a launcher that reaps
+    for (int rank = 0; rank < world; ++rank) {
+      if (rank == victim) continue;
+      int status = 0;
+      while (waitpid(pids[rank], &status, WNOHANG) == 0) {
+        if (std::chrono::steady_clock::now() > killed_at + std::chrono::seconds(25)) {
+          for (pid_t pid : pids) kill(pid, SIGKILL);
+          FAIL() << "round " << round << ": rank " << rank << " still runs 25 s after rank " << victim << " was killed";
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      const std::string message = read_file(dir + "/error." + std::to_string(rank));
+      EXPECT_NE(message.find("rank " + std::to_string(victim)), std::string::npos)
+          << "round " << round << ", rank " << rank << " does not name killed rank " << victim << ": " << message;
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+    EXPECT_LT(seconds, 15) << "round " << round << ": the survivors took " << seconds << " s to fail";
+    EXPECT_TRUE(shm_entries(run_id).empty()) << "round " << round << ": left in /dev/shm: " << shm_entries(run_id)[0];
+    remove_tree(dir);
+  }
+}
+
+}  // namespace
