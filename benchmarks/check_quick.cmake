@@ -8,7 +8,7 @@ message("${out}")
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "ddp_bench --quick failed (${rc}):\n${err}")
 endif()
-foreach(label "ours/reducer" "ours/local" "overlap" "peak RSS" "steady" "ours_join/ours" "ours_detail/ours"
+foreach(label "allreduce of float32 at world 2" "naive_check" "ours/ours_gloo" "ours/reducer" "ours/local" "overlap" "peak RSS" "steady" "ours_join/ours" "ours_detail/ours"
               "ours_auto/ours@" "x/reducer+fp16" "ours+powersgd4")
   string(FIND "${out}" "${label}" at)
   if(at EQUAL -1)
@@ -20,10 +20,10 @@ foreach(file results.csv results.json steps_mlp_b4_w1.png steps_mlp_b4_w2.png)
     message(FATAL_ERROR "ddp_bench --quick did not write ${file}")
   endif()
 endforeach()
-# One CSV row per variant and world: 3 + 2 x 5 bucket sizes + ours_view + 3 features + 5 hooks = 22
-# per world.
+# One CSV row per variant and world: 4 naive/local + 2 x 5 bucket sizes + ours_gloo + ours_view +
+# 3 features + 5 hooks = 24 per world.
 file(STRINGS ${OUT}/results.csv rows REGEX "^mlp,")
 list(LENGTH rows count)
-if(NOT count EQUAL 44)
-  message(FATAL_ERROR "expected 44 result rows (22 variants x worlds 1 and 2), got ${count}")
+if(NOT count EQUAL 48)
+  message(FATAL_ERROR "expected 48 result rows (24 variants x worlds 1 and 2), got ${count}")
 endif()

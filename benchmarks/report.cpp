@@ -153,8 +153,9 @@ void print_summary(const json& raw, const json& rows, const Options& o) {
               std::to_string(raw["parameters"].get<int64_t>()).c_str(), gradient_mb, raw["batch"].get<int>(),
               raw["rounds"].get<int>(), raw["steps"].get<int>());
   std::printf("  %-12s %9s %9s %9s %11s %12s\n", "variant", "median", "p25", "p75", "collectives", "x/local");
-  for (const char* name : {"local", "naive", "naive_flat"}) {
+  for (const char* name : {"local", "naive", "naive_flat", "naive_check"}) {
     const json* row = find_row(rows, name);
+    if (!row) continue;
     std::printf("  %-12s %9.2f %9.2f %9.2f %11lld %12s\n", name, get(row, "median_ms"), get(row, "p25_ms"),
                 get(row, "p75_ms"), static_cast<long long>((*row)["collectives"].get<int64_t>()),
                 fixed(get(row, "ratio_vs_local")).c_str());
@@ -178,6 +179,13 @@ void print_summary(const json& raw, const json& rows, const Options& o) {
     std::printf("  ours_view @%s MiB (gradient_as_bucket_view): %.2f ms, ours_view/reducer %s, ours_view/local %s\n",
                 cap_label(cap).c_str(), get(view, "median_ms"), fixed(get(view, "ratio_vs_reducer")).c_str(),
                 fixed(get(view, "ratio_vs_local")).c_str());
+  }
+  if (const json* row = find_row(rows, "ours_gloo")) {
+    std::printf("  ours_gloo @%s MiB (shared memory off, Gloo alone): %.2f ms, ours_gloo/reducer %s, ours/ours_gloo %s\n",
+                cap_label((*row)["bucket_cap_mb"].get<double>()).c_str(), get(row, "median_ms"),
+                fixed(get(row, "ratio_vs_reducer")).c_str(),
+                fixed(get(find_row(rows, "ours", (*row)["bucket_cap_mb"].get<double>()), "median_ms") /
+                      get(row, "median_ms")).c_str());
   }
   const std::pair<const char*, const char*> features[] = {
       {"ours_join", "inside ddp::Join, even inputs"},

@@ -36,9 +36,9 @@ struct OneParam {
 TEST(GradScaler, DefaultsArePyTorchs) {
   ddp::GradScaler scaler;
   EXPECT_EQ(scaler.get_scale(), 65536.0);
-  EXPECT_EQ(scaler.options().growth_factor_, 2.0);
-  EXPECT_EQ(scaler.options().backoff_factor_, 0.5);
-  EXPECT_EQ(scaler.options().growth_interval_, 2000);
+  EXPECT_EQ(scaler.options().growth_factor(), 2.0);
+  EXPECT_EQ(scaler.options().backoff_factor(), 0.5);
+  EXPECT_EQ(scaler.options().growth_interval(), 2000);
   EXPECT_TRUE(scaler.is_enabled());
   auto loss = torch::tensor(1.5f);
   EXPECT_EQ(scaler.scale(loss).item<float>(), 1.5f * 65536.0f);

@@ -33,6 +33,8 @@
 //
 // Unlike PyTorch's CUDA kernels, this works on plain tensor ops and decides on the host (one
 // device-to-host read of the flag per optimizer per step), so it serves CPU and CUDA alike.
+//
+// Thread-safety: a GradScaler belongs to the training thread; step() is a collective on its group.
 #include <torch/arg.h>
 #include <cstdint>
 #include <map>
@@ -104,7 +106,7 @@ class GradScaler : public Stateful {
 
   // The current scale (a float32 value); 1.0 when disabled.
   double get_scale() const;
-  bool is_enabled() const { return options_.enabled_; }
+  bool is_enabled() const { return options_.enabled(); }
   int64_t growth_tracker() const { return growth_tracker_; }  // clean steps since the last change
   const GradScalerOptions& options() const { return options_; }
 

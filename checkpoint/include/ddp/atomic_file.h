@@ -1,5 +1,7 @@
 #pragma once
 // Crash-safe file replacement: the only place with OS-specific file calls.
+//
+// Thread-safety: two threads must not write the same path at once; different paths are independent.
 #include <cstddef>
 #include <string>
 

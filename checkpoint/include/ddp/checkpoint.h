@@ -13,6 +13,9 @@
 // One file: a PyTorch zip archive whose root object is the model's plain state_dict (Python:
 // torch.load(path) returns it, tensors on CPU) plus a record "ddp_training_state" holding the
 // rest, sealed with a checksum over everything (checkpoint_file.h).
+//
+// Thread-safety: save/load are collectives of the training thread; the model and optimizer must
+// not train on another thread meanwhile.
 #include <cstdint>
 #include <map>
 #include <optional>

@@ -19,6 +19,8 @@
 // comment); model.load_state_dict(sd) works. Python-saved state_dicts (OrderedDict or dict) load
 // here with ddp::load_state_dict(path).
 // Truncation is detected as a missing trailer (it is written last), anything else by the CRC.
+//
+// Thread-safety: reads and checks of different files are independent; any thread.
 #include <cstddef>
 #include <optional>
 #include <stdexcept>

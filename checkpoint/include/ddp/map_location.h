@@ -1,6 +1,8 @@
 #pragma once
 // map_location: where a tensor saved on one device is placed when a checkpoint is read, so a
 // checkpoint written on one device layout loads on another (torch.load's map_location).
+//
+// Thread-safety: a plain value.
 #include <functional>
 #include <map>
 #include <string>

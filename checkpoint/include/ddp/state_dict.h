@@ -1,6 +1,8 @@
 #pragma once
 // A module's state_dict (parameters and buffers by name, as Python's module.state_dict()) and a
 // file format for it that Python's torch.load / torch.save share.
+//
+// Thread-safety: the module must not train on another thread meanwhile.
 #include <string>
 
 #include <torch/nn/module.h>

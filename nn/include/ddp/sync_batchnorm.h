@@ -36,6 +36,9 @@
 // Every rank must run the same SyncBatchNorm forwards and backwards in the same order, in the same
 // mode, as for any collective; a rank that skips one leaves the others waiting until the group's
 // timeout, then every rank fails with a CollectiveError naming the SyncBatchNorm step.
+//
+// Thread-safety: as any module, one thread runs forward/backward; every forward in training is a
+// collective on its group.
 #include <memory>
 #include <string>
 

@@ -14,6 +14,9 @@
 // A DistributedSampler is a handle: copies share one position. make_data_loader keeps its own
 // copy of the sampler, and this sharing is what lets set_epoch() on your handle reach it (Python
 // gets the same effect because its DataLoader holds a reference to the sampler).
+//
+// Thread-safety: a sampler belongs to one thread (the data loader's; with loader workers, the
+// loader hands indices out from its own thread).
 #include <cstddef>
 #include <cstdint>
 #include <memory>

@@ -1,6 +1,8 @@
 #pragma once
 // Where a DistributedSampler stands: enough to resume mid-epoch without repeating or skipping.
 // Its own header so that checkpoint/ can save it without depending on the sampler.
+//
+// Thread-safety: a plain value.
 #include <cstdint>
 
 namespace ddp {

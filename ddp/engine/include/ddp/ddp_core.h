@@ -1,6 +1,8 @@
 #pragma once
 // The non-template half of DistributedDataParallel: everything that does not depend on the
 // wrapped module's type lives here, compiled once in the library.
+//
+// Thread-safety: see distributed_data_parallel.h.
 #include <memory>
 #include <string>
 #include <vector>

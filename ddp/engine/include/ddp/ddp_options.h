@@ -1,5 +1,7 @@
 #pragma once
 // Options of DistributedDataParallel; names and defaults mirror torch.nn.parallel.DistributedDataParallel.
+//
+// Thread-safety: a plain value; DDP copies it at construction.
 #include <vector>
 
 #include <c10/core/Device.h>

@@ -10,6 +10,11 @@
 //
 // Unlike PyTorch, named_parameters() carries no "module." prefix: a state dict saved from the
 // wrapper loads into the bare module and the other way round.
+//
+// Thread-safety: one training thread drives a wrapper (forward, backward, no_sync, step of its
+// optimizer); the wrapper reduces on its own communication thread (comm hooks run there) and on
+// the backend's threads, and hands results back at the end of backward. Wrappers over different
+// groups may train on different threads; two wrappers must not share one model.
 #include <map>
 #include <memory>
 #include <tuple>

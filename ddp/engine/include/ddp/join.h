@@ -34,6 +34,8 @@
 // runs collectives that can fail (a dead peer, throw_on_early_termination); from run() such
 // errors reach the caller as exceptions, and the shadowing can be neither forgotten nor skipped.
 // A destructor could do neither.
+//
+// Thread-safety: a Join and its joinables belong to the training thread that runs the loop.
 #include <functional>
 #include <initializer_list>
 #include <memory>

@@ -90,7 +90,7 @@ void Join::run(const std::function<void()>& loop) {
   // 4. Everyone is done: the state to keep is that of a rank that trained until the end.
   at::Tensor from = at::tensor({last_joiner ? static_cast<int64_t>(group_->getRank()) : int64_t{-1}}, at::kLong)
                         .to(collective_device(group_));
-  wait_collective(start_allreduce_max(group_, from), "ddp::Join: choosing the last joiner");
+  wait_collective(detail::start_allreduce_max(group_, from), "ddp::Join: choosing the last joiner");
   const int source = static_cast<int>(from.cpu().item<int64_t>());
   for (auto& joinable : joinables_) joinable.get().join_finish(last, source);
 }

@@ -15,6 +15,9 @@
 //
 // The first source whose variables are set wins; a source whose variables are only partly set is
 // an error naming the missing ones (a half-configured launcher would otherwise hang).
+//
+// Thread-safety: launch_environment() reads the process's environment; call it from any thread
+// while no thread changes the environment.
 #include <functional>
 #include <string>
 #include <vector>

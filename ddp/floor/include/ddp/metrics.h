@@ -7,6 +7,8 @@
 //   metrics.add("correct", correct, batch_size);                        // accuracy = correct / n
 //   auto global = metrics.all_reduce();      // the default group, or all_reduce(group)
 //   if (ddp::get_rank() == 0) std::cout << global.mean("loss") << " " << global.mean("correct");
+//
+// Thread-safety: a Metrics object belongs to one thread; all_reduce() is a collective on its group.
 #include <map>
 #include <string>
 

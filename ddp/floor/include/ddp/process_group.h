@@ -1,6 +1,11 @@
 #pragma once
 // Process groups: rendezvous (env://, tcp://, file://), the default group, and the few
 // collectives a training script calls directly. Mirrors torch.distributed's free functions.
+//
+// Thread-safety: init_process_group/destroy_process_group are for one thread (the program's
+// set-up); a group and the free collectives may be used from any thread, each collective issued
+// in the same order on every rank (two threads issuing collectives on one group must agree on an
+// order themselves, as with PyTorch).
 #include <chrono>
 #include <stdexcept>
 #include <string>

@@ -2,6 +2,9 @@
 // Training state that is neither the model nor the optimizer (a GradScaler's scale, a comm hook's
 // error-feedback matrices): anything that implements Stateful is saved by save_checkpoint and
 // restored by load_checkpoint (checkpoint.h: CheckpointOptions::state / LoadOptions::state).
+//
+// Thread-safety: state_dict()/load_state_dict() are called by the checkpoint functions on the
+// calling (training) thread.
 #include <map>
 #include <string>
 
