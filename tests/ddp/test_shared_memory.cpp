@@ -76,7 +76,7 @@ DDP_WORKER(shm_numerics) {
   worker_init();
   require(ddp::transport() == "gloo+shm", "expected shared memory, got " + ddp::transport());
   const int rank = ddp::get_rank(), world = ddp::get_world_size();
-  const int64_t chunk = (int64_t{4} << 20) / 4;  // float32 elements per chunk (shm/channel.cpp)
+  const int64_t chunk = (int64_t{512} << 10) / 4;  // float32 elements per chunk (shm::Options' default)
   const std::vector<int64_t> sizes = {0, 1, world - 1, 1001, chunk - 1, chunk, chunk + 1, 2 * chunk + 7};
   const std::vector<torch::ScalarType> dtypes = {torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kHalf,
                                                  torch::kInt,   torch::kLong,   torch::kByte};
@@ -126,6 +126,17 @@ TEST(SharedMemory, AllreduceBroadcastGatherMatchTheReferenceAtFourRanks) {
   RunOptions options;
   options.timeout = std::chrono::seconds(180);
   EXPECT_WORKERS_OK(run_workers("shm_numerics", 4, options));
+}
+
+// Two jobs on one host at once, each with its own segments (the nonce rank 0 draws; the run id):
+// both correct, neither sees the other's data.
+TEST(SharedMemory, TwoJobsOnOneHostAtOnceAreBothCorrect) {
+  std::vector<WorkerResult> first, second;
+  std::thread other([&] { second = run_workers("shm_numerics", 2); });
+  first = run_workers("shm_numerics", 2);
+  other.join();
+  EXPECT_WORKERS_OK(first);
+  EXPECT_WORKERS_OK(second);
 }
 
 // Off by the environment (on any rank) or by InitOptions: Gloo alone, and said so.

@@ -16,8 +16,8 @@ as a test reaching into a part's src/):
 Rules:
   1. A part includes public headers only of itself and of the parts it may use (USES below).
   2. A private header (a part's src/, or ddp/internal) is included only by its own part; the
-     engine may include the floor's; every part may include ddp/internal; a unit test beside
-     the sources (ddp/**/*_test.cpp) may include its part's.
+     engine may include the floor's; every part may include ddp/internal; a unit test or
+     micro-benchmark beside the sources (ddp/**/*_test.cpp, *_bench.cpp) may include its part's.
   3. Installed headers (<part>/include, include/) never include a private header.
   4. launch/ (ddprun: no LibTorch) includes no library header at all.
 """
@@ -89,7 +89,7 @@ def check(root):
             text = f.read()
         part = part_of(path)
         installed = "/include/" in "/" + path
-        unit_test = path.startswith("ddp/") and path.endswith("_test.cpp")
+        unit_test = path.startswith("ddp/") and path.endswith(("_test.cpp", "_bench.cpp"))
         files += 1
         for kind, name in INCLUDE.findall(text):
             count += 1

@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <ddp/wait_collective.h>
+#include "backends.h"
 #include "compat.h"
 
 namespace ddp {
@@ -108,9 +109,10 @@ FuturePtr bf16_sum_by_reduce_scatter(const ProcessGroupPtr& group, const at::Ten
   return completed_future(values);
 }
 
-// Whether this group's backend reduces bfloat16 tensors itself.
+// Whether this group's backend reduces bfloat16 tensors itself (the shared-memory channel does, in
+// float32 with one rounding).
 bool reduces_bfloat16(const ProcessGroupPtr& group) {
-  return group->getBackendName() == "nccl" || compat::kGlooReducesBFloat16;
+  return group->getBackendName() == "nccl" || compat::kGlooReducesBFloat16 || detail::transport_of(group) == "gloo+shm";
 }
 
 }  // namespace

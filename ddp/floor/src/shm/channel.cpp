@@ -47,10 +47,6 @@ c10::intrusive_ptr<c10d::Work> Channel::barrier() { DDP_NO_SHM_CHANNEL("barrier"
 namespace ddp::detail::shm {
 namespace {
 
-// Bytes per chunk: large enough that the per-chunk handshakes are rare (a 33.6 MB bucket is
-// 9 chunks), small enough that two buffers per rank stay modest.
-constexpr std::size_t kChunkBytes = std::size_t{4} << 20;
-
 // The Communicator's rendezvous over the group's c10d store.
 class StoreRendezvous final : public Rendezvous {
  public:
@@ -185,7 +181,6 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& st
     StoreRendezvous rendezvous(store);
     Options options;
     options.timeout = timeout;
-    options.chunk_bytes = kChunkBytes;
     communicator = std::make_unique<Communicator>(rendezvous, prefix, rank, size, options);
   } catch (const std::exception& error) {
     failure = error_text(error);

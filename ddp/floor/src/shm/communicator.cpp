@@ -105,6 +105,7 @@ struct Communicator::ControlBlock {
   alignas(64) Progress progress;
 
   alignas(64) std::atomic<std::uint32_t> failed;
+  std::atomic<std::uint32_t> closed;  // the owner destroyed its Communicator
   std::int32_t culprit;  // the rank the failure names
   char message[kMessageBytes];
 
@@ -134,7 +135,7 @@ Communicator::Communicator(Rendezvous& rendezvous, const std::string& name_prefi
   if (size_ == 1) return;  // nothing to share
 
   // Oversubscribed, the rank we wait for may need our core: spin only briefly before sleeping.
-  spin_ = cpus_available() >= size_ ? std::chrono::nanoseconds(20us) : std::chrono::nanoseconds(2us);
+  spin_ = options_.spin.count() >= 0 ? options_.spin : cpus_available() >= size_ ? 20us : 2us;
   peers_.resize(size_);
   sources_.resize(size_);
   const std::size_t segment_bytes = kControlBytes + 2 * options_.chunk_bytes;
@@ -179,7 +180,8 @@ Communicator::Communicator(Rendezvous& rendezvous, const std::string& name_prefi
   }
   set("created", "ok");
 
-  // 2. Map every peer's segment once it exists, and make sure it is the one we expect.
+  // 2. Learn that every peer's segment exists (all of them first, so every rank names the same
+  //    failed peer), then map each one and make sure it is the one we expect.
   std::vector<int> created;  // peers whose segments exist: if setup fails, their names go too (below)
   std::string failure;
   try {
@@ -188,6 +190,8 @@ Communicator::Communicator(Rendezvous& rendezvous, const std::string& name_prefi
       const std::string status = get("created", p);
       if (status != "ok") throw ShmUnavailable("rank " + std::to_string(p) + " could not create its segment: " + status);
       created.push_back(p);
+    }
+    for (int p : created) {
       peers_[p].segment = Segment::open(name_of(p), segment_bytes);
       const auto* control = static_cast<const ControlBlock*>(peers_[p].segment.data());
       if (control->magic != kMagic || control->version != kVersion || control->rank != p || control->size != size_ ||
@@ -233,7 +237,14 @@ Communicator::Communicator(Rendezvous& rendezvous, const std::string& name_prefi
   }
 }
 
-Communicator::~Communicator() = default;
+// Peers still waiting for this rank (it left in the middle of a collective, say after an
+// exception of its own) learn it at once instead of at the timeout.
+Communicator::~Communicator() {
+  // Not in a child forked after setup (it shares the mappings but is not this rank).
+  if (peers_.empty() || peers_[rank_].control->pid != static_cast<std::int32_t>(::getpid())) return;
+  peers_[rank_].control->closed.store(1, std::memory_order_release);
+  for (Peer& peer : peers_) wake_all(peer.control->progress);
+}
 
 // --- Steps: post, wait, fail -----------------------------------------------------------------
 
@@ -284,14 +295,14 @@ void Communicator::wait_all(std::uint32_t target, const Step& step) {
       const auto now = Clock::now();
       const auto sleep = std::min<Clock::duration>(kSleepSlice, std::min(deadline, next_pid_check) - now);
       if (wait_for(progress, target, spin_, sleep)) break;
-      // Not there yet: did someone fail (their wake brought us here), is time up, is the peer alive?
+      // Not there yet: did someone fail (their wake brought us here), did a lagging peer leave, is
+      // time up?
       check_failed_peers();
       const auto later = Clock::now();
-      if (later >= deadline) throw_timeout(target, step);
-      if (later >= next_pid_check) {
-        check_pids(target, step);
-        next_pid_check = later + kPidCheckEvery;
-      }
+      const bool look_at_pids = later >= next_pid_check;
+      if (look_at_pids) next_pid_check = later + kPidCheckEvery;
+      check_departed_peers(target, step, look_at_pids);
+      if (later >= deadline && !reached(progress.count.load(std::memory_order_acquire), target)) throw_timeout(target, step, p);
     }
   }
   if (compare_after_next_wait_) {  // every peer has posted its first step: its descriptor is there
@@ -301,8 +312,10 @@ void Communicator::wait_all(std::uint32_t target, const Step& step) {
 }
 
 // Before writing a data buffer: every peer must have posted its last step on the buffer's
-// previous contents. Ranks that only read their buffers this time skip the wait (a later writer
-// waits for the newest release, which covers this one).
+// previous contents. With two buffers this never actually waits - the use in between began with a
+// wait for every peer's first post, which each peer made only after it was done with the use
+// before - but the rule then holds on its own, whatever the steps in between. Ranks that only read
+// their buffers this time skip it (a later writer waits for the newest release, which covers this).
 int Communicator::acquire_buffer(const Step& step, bool will_write) {
   const int buffer = next_buffer_;
   next_buffer_ ^= 1;
@@ -353,20 +366,28 @@ std::string where(const std::string& collective, std::size_t chunk, std::size_t 
 }
 }  // namespace
 
-// A lagging peer whose process is gone will never post: name it now rather than at the timeout.
-void Communicator::check_pids(std::uint32_t target, const Step& step) {
+// A lagging peer that closed its communicator, or whose process is gone (looked at every
+// kPidCheckEvery), will never post: name it now rather than at the timeout.
+void Communicator::check_departed_peers(std::uint32_t target, const Step& step, bool look_at_pids) {
   for (int p = 0; p < size_; ++p) {
     const Peer& peer = peers_[p];
-    if (p == rank_ || !peer.check_pid || reached(peer.control->progress.count.load(std::memory_order_acquire), target)) continue;
-    if (!exited(read_process(peer.control->pid), peer.control->start_time)) continue;
-    throw PeerError(p, "rank " + std::to_string(p) + " (pid " + std::to_string(peer.control->pid) + ") exited; rank " +
-                           std::to_string(rank_) + " was in " +
-                           where(describe(current()), step.chunk, step.chunks, step.waiting_for));
+    if (p == rank_ || reached(peer.control->progress.count.load(std::memory_order_acquire), target)) continue;
+    std::string what;
+    if (peer.control->closed.load(std::memory_order_acquire) != 0) {
+      what = " closed its communicator";
+    } else if (look_at_pids && peer.check_pid && exited(read_process(peer.control->pid), peer.control->start_time)) {
+      what = " exited";
+    } else {
+      continue;
+    }
+    throw PeerError(p, "rank " + std::to_string(p) + " (pid " + std::to_string(peer.control->pid) + ")" + what + "; rank " + std::to_string(rank_) +
+                           " was in " + where(describe(current()), step.chunk, step.chunks, step.waiting_for));
   }
 }
 
-// No post from some peers within the timeout: name every one of them, and say which are stopped.
-void Communicator::throw_timeout(std::uint32_t target, const Step& step) {
+// No post from some peers within the timeout (`late` among them): name every one of them, and say
+// which are stopped.
+void Communicator::throw_timeout(std::uint32_t target, const Step& step, int late) {
   std::vector<int> lagging;
   std::string names;
   for (int p = 0; p < size_; ++p) {
@@ -377,7 +398,10 @@ void Communicator::throw_timeout(std::uint32_t target, const Step& step) {
     names += who(p, peer.control->pid, info);
     lagging.push_back(p);
   }
-  if (lagging.empty()) lagging.push_back(rank_ == 0 ? 1 : 0);  // they all came in at the last moment: unlikely, still a timeout
+  if (lagging.empty()) {  // `late` arrived just now, after the deadline
+    lagging.push_back(late);
+    names = std::to_string(late);
+  }
   const std::string subject = lagging.size() == 1 ? "rank " + names + " did not arrive" : "ranks " + names + " did not arrive";
   throw PeerError(lagging.front(), subject + " within " + std::to_string(options_.timeout.count()) + " ms; rank " + std::to_string(rank_) +
                                        " was in " + where(describe(current()), step.chunk, step.chunks, step.waiting_for));
@@ -429,31 +453,42 @@ void Communicator::allreduce(void* data, std::size_t count, DType dtype, Op op) 
   descriptor.dtype = dtype;
   descriptor.op = op;
   run(descriptor, [&] {
-    auto* bytes = static_cast<unsigned char*>(data);
-    if (count * dtype_size(dtype) <= options_.one_step_bytes) {
-      allreduce_one_step(bytes, count, dtype, op);
+    // Two ranks, or a small tensor: every rank reduces everything (see allreduce_direct). Otherwise
+    // each reduces only its slice, and copies the others' slices.
+    if (size_ == 2 || count * dtype_size(dtype) <= options_.one_step_bytes) {
+      allreduce_direct(static_cast<unsigned char*>(data), count, dtype, op);
     } else {
-      allreduce_chunked(bytes, count, dtype, op);
+      allreduce_sliced(static_cast<unsigned char*>(data), count, dtype, op);
     }
   });
 }
 
-// Small tensors: one round trip. Every rank reduces the whole tensor, which for a few KiB costs
-// less than the second round trip of the sliced algorithm.
-void Communicator::allreduce_one_step(unsigned char* data, std::size_t count, DType dtype, Op op) {
-  const std::size_t bytes = count * dtype_size(dtype);
-  // 1. Copy my input into a free buffer of mine; post: the peers may read it.
-  const int b = acquire_buffer({"the peers to finish reading this buffer"}, true);
-  if (bytes > 0) std::memcpy(buffer(rank_, b), data, bytes);
-  post();
-  // 2. Once every input is in: reduce them all, in rank order, into my output. Every rank reduces
-  //    the same bytes in the same order: the same bits everywhere.
-  wait_all(posted_, {"the peers' inputs"});
-  for (int q = 0; q < size_; ++q) sources_[q] = buffer(q, b);
-  reduce_into(data, sources_.data(), size_, count, dtype, op);
-  // 3. Post that I am done reading the peers' buffers.
-  post();
-  release_buffer(b);
+// Every rank reduces the whole chunk from all buffers straight into its output: one round trip
+// per chunk and no copy out. Each element is read W times instead of about twice, which pays at
+// two ranks (5 passes over the chunk per rank instead of 5.5) and for tensors of a few KiB (the
+// second round trip costs more than the extra reads).
+void Communicator::allreduce_direct(unsigned char* data, std::size_t count, DType dtype, Op op) {
+  const std::size_t element = dtype_size(dtype);
+  const std::size_t chunk_elements = options_.chunk_bytes / element;
+  const std::size_t chunks = std::max<std::size_t>(1, (count + chunk_elements - 1) / chunk_elements);
+  for (std::size_t k = 0; k < chunks; ++k) {
+    const std::size_t n = std::min(chunk_elements, count - k * chunk_elements);
+    unsigned char* mine = data + k * chunk_elements * element;
+    // 1. Copy my chunk into a free buffer of mine (the other one may still be read by peers that are
+    //    on the previous chunk); post: the peers may read it.
+    const int b = acquire_buffer({"the peers to finish reading this buffer", k, chunks}, true);
+    if (n > 0) copy_bytes(buffer(rank_, b), mine, n * element);
+    post();
+    // 2. Once every peer's chunk is in: reduce all of them, in rank order, into my output (mine read
+    //    in place: the same bytes as my buffer's copy). Every rank reduces the same bytes in the same
+    //    order: the same bits everywhere.
+    wait_all(posted_, {"the peers' chunks", k, chunks});
+    for (int q = 0; q < size_; ++q) sources_[q] = q == rank_ ? mine : buffer(q, b);
+    reduce_into(mine, sources_.data(), size_, n, dtype, op);
+    // 3. Post that I am done reading the peers' buffers.
+    post();
+    release_buffer(b);
+  }
 }
 
 // [begin, end) of `rank`'s slice of n elements: W nearly equal parts, cut at multiples of 64 bytes
@@ -465,7 +500,7 @@ std::pair<std::size_t, std::size_t> Communicator::slice(int rank, std::size_t n,
   return {cut(rank), cut(rank + 1)};
 }
 
-void Communicator::allreduce_chunked(unsigned char* data, std::size_t count, DType dtype, Op op) {
+void Communicator::allreduce_sliced(unsigned char* data, std::size_t count, DType dtype, Op op) {
   const std::size_t element = dtype_size(dtype);
   const std::size_t chunk_elements = options_.chunk_bytes / element;
   const std::size_t chunks = (count + chunk_elements - 1) / chunk_elements;
@@ -475,7 +510,7 @@ void Communicator::allreduce_chunked(unsigned char* data, std::size_t count, DTy
     // 1. Copy my chunk into a free buffer of mine (the other one may still be read by peers that are
     //    on the previous chunk); post: the peers may read it.
     const int b = acquire_buffer({"the peers to finish reading this buffer", k, chunks}, true);
-    std::memcpy(buffer(rank_, b), mine, n * element);
+    copy_bytes(buffer(rank_, b), mine, n * element);
     post();
     // 2. Once every peer's chunk is in: reduce my slice from all W buffers, in rank order, into my
     //    own buffer's slice (reduce_into reads a block of every source before writing it); post.
@@ -489,7 +524,7 @@ void Communicator::allreduce_chunked(unsigned char* data, std::size_t count, DTy
     wait_all(posted_, {"the peers' reduced slices", k, chunks});
     for (int q = 0; q < size_; ++q) {
       const auto [first, last] = slice(q, n, element);
-      if (last > first) std::memcpy(mine + first * element, buffer(q, b) + first * element, (last - first) * element);
+      if (last > first) copy_bytes(mine + first * element, buffer(q, b) + first * element, (last - first) * element);
     }
     post();
     release_buffer(b);
@@ -512,12 +547,12 @@ void Communicator::broadcast(void* data, std::size_t bytes, int root) {
       // 1. The root copies its chunk into a free buffer of its own; everyone posts (the others to
       //    say they arrived, which the desync check needs).
       const int b = acquire_buffer({"the peers to finish reading this buffer", k, chunks}, rank_ == root);
-      if (rank_ == root && n > 0) std::memcpy(buffer(root, b), out + offset, n);
+      if (rank_ == root && n > 0) copy_bytes(buffer(root, b), out + offset, n);
       post();
       // 2. Once everyone arrived, the root's chunk is in: the others copy it out; everyone posts
       //    that it is done reading.
       wait_all(posted_, {"the root's chunk", k, chunks});
-      if (rank_ != root && n > 0) std::memcpy(out + offset, buffer(root, b), n);
+      if (rank_ != root && n > 0) copy_bytes(out + offset, buffer(root, b), n);
       post();
       release_buffer(b);
     }
@@ -542,7 +577,7 @@ void Communicator::allgather(const void* in, std::size_t bytes_per_rank, void* o
       const std::size_t offset = k * options_.chunk_bytes, n = std::min(options_.chunk_bytes, bytes_per_rank - offset);
       // 1. Copy my piece's chunk into a free buffer of mine; post.
       const int b = acquire_buffer({"the peers to finish reading this buffer", k, chunks}, true);
-      if (n > 0) std::memcpy(buffer(rank_, b), piece + offset, n);
+      if (n > 0) copy_bytes(buffer(rank_, b), piece + offset, n);
       post();
       // 2. Once every piece is in: copy each into its place (mine straight from `in`); post that I
       //    am done reading.
@@ -550,7 +585,7 @@ void Communicator::allgather(const void* in, std::size_t bytes_per_rank, void* o
       for (int q = 0; q < size_ && n > 0; ++q) {
         unsigned char* place = gathered + q * bytes_per_rank + offset;
         if (q != rank_) {
-          std::memcpy(place, buffer(q, b), n);
+          copy_bytes(place, buffer(q, b), n);
         } else if (piece != my_place) {
           std::memmove(place, piece + offset, n);
         }

@@ -1,6 +1,7 @@
 #pragma once
 // Collectives between the processes of one group on one host, through POSIX shared memory: no
-// kernel network stack, no copies beyond one into and one out of shared memory.
+// kernel network stack; each rank copies its data into shared memory once and reads the others'
+// from there.
 //
 // Setup (the constructor; once per group). Every rank creates its segment "<prefix>-<rank>": a
 // control block (its progress counter, a count of sleepers on it, its pid, a failure flag and
@@ -21,20 +22,22 @@
 //      (I am done reading everyone's buffer)
 // A buffer is written again only after every peer has posted its last step on the previous
 // contents, which with two buffers lets a fast rank copy chunk k+1 in while others still work on
-// chunk k. Tensors of at most one_step_bytes skip the slices: every rank reduces the whole tensor
-// from all buffers after step 1 (one round trip instead of two; the same bits on every rank).
+// chunk k. At two ranks, and for tensors of at most one_step_bytes, there are no slices: after
+// step 1 every rank reduces the whole chunk from all buffers straight into its output (one round
+// trip instead of two, no copy out; the same bits on every rank).
 //
 // Checks that cost nothing extra: every rank writes a descriptor of the collective (kind, count,
 // dtype, op, root) into its control block before its first post, and compares every peer's after
 // its first wait; ranks that disagree throw PeerError naming both collectives ("desync"). Every
 // wait is bounded by the timeout; while waiting, a rank looks at each lagging peer's pid every
-// ~100 ms, so a peer that died is named within a fraction of a second; a rank that throws raises
-// its failure flag and wakes every waiter of the group, so the others fail at once, naming the
-// rank that caused it.
+// ~100 ms, so a peer that died is named within a fraction of a second (one that destroyed its
+// Communicator, at once); a rank that throws raises its failure flag and wakes every waiter of the
+// group, so the others fail at once, naming the rank that caused it.
 //
 // Thread-safety: a Communicator is used by one thread at a time (calls from several threads must
 // be serialized by the caller). Collectives must be called in the same order with matching
-// arguments on every rank of the group.
+// arguments on every rank of the group. A child forked after setup must not use it (destroying
+// it there is harmless).
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -74,11 +77,16 @@ struct Options {
   // Longest wait for any one step of a peer (a frozen peer fails the collective after this long).
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   // Bytes per chunk and per data buffer (two per rank), rounded up to a multiple of 64. Bounds
-  // the shared memory per rank (2 x chunk_bytes plus 4 KiB) and is the unit of pipelining.
-  std::size_t chunk_bytes = std::size_t{4} << 20;
-  // allreduce of at most this many bytes: one round trip, every rank reducing the whole tensor.
-  // Capped at chunk_bytes.
+  // the shared memory per rank (2 x chunk_bytes plus 4 KiB) and is the unit of pipelining. About
+  // a core's L2, so a chunk is still in cache when the peers read it: at two ranks, 33.6 MB took
+  // about 1.5x longer with 4 MiB chunks than with 256 KiB - 1 MiB ones (interleaved runs).
+  std::size_t chunk_bytes = std::size_t{512} << 10;
+  // allreduce of at most this many bytes: one round trip, every rank reducing the whole tensor
+  // (at two ranks every allreduce works that way, chunk by chunk). Capped at chunk_bytes.
   std::size_t one_step_bytes = std::size_t{32} << 10;
+  // How long a wait polls (yielding the core now and then) before it sleeps on the futex;
+  // negative: 20 us, or 2 us when the process may use fewer CPUs than there are ranks.
+  std::chrono::microseconds spin{-1};
 };
 
 class Communicator {
@@ -94,6 +102,7 @@ class Communicator {
   // use another transport for the whole group: a peer may have failed after this rank succeeded.
   // Throws std::invalid_argument for a bad rank, size or options.
   Communicator(Rendezvous& rendezvous, const std::string& name_prefix, int rank, int size, Options options = {});
+  // Unmaps the group's memory. Peers that still wait for this rank fail at once, naming it.
   ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
@@ -102,7 +111,8 @@ class Communicator {
   // bit-identical on every rank. Throws std::invalid_argument (before communicating, leaving the
   // communicator usable) for an unsupported dtype/op pair (AVG of integers).
   void allreduce(void* data, std::size_t count, DType dtype, Op op);
-  // `bytes` bytes from rank `root`'s data into everyone's.
+  // `bytes` bytes from rank `root`'s data into everyone's. Throws std::invalid_argument (before
+  // communicating) for a root that is not a rank.
   void broadcast(void* data, std::size_t bytes, int root);
   // out (size() * bytes_per_rank bytes) receives every rank's `in`, in rank order. `in` may be
   // this rank's part of `out`; otherwise the two must not overlap.
@@ -141,20 +151,20 @@ class Communicator {
   const Descriptor& current() const;
   void check_descriptors();
   void check_failed_peers();
-  void check_pids(std::uint32_t target, const Step& step);
-  [[noreturn]] void throw_timeout(std::uint32_t target, const Step& step);
+  void check_departed_peers(std::uint32_t target, const Step& step, bool look_at_pids);
+  [[noreturn]] void throw_timeout(std::uint32_t target, const Step& step, int late);
   void fail(const PeerError& error) noexcept;
   std::string describe(const Descriptor& descriptor) const;
 
-  void allreduce_one_step(unsigned char* data, std::size_t count, DType dtype, Op op);
-  void allreduce_chunked(unsigned char* data, std::size_t count, DType dtype, Op op);
+  void allreduce_direct(unsigned char* data, std::size_t count, DType dtype, Op op);
+  void allreduce_sliced(unsigned char* data, std::size_t count, DType dtype, Op op);
 
   Options options_;
   int rank_;
   int size_;
   std::vector<Peer> peers_;  // by rank; peers_[rank_] is this rank's own segment
   std::vector<const void*> sources_;  // scratch: the reduction's inputs, one per rank
-  std::chrono::nanoseconds spin_;
+  std::chrono::nanoseconds spin_{0};
   std::uint32_t posted_ = 0;               // my progress counter, mirrored
   std::uint32_t sequence_ = 0;             // collectives begun
   bool compare_after_next_wait_ = false;   // the first post of a collective was made

@@ -8,14 +8,17 @@
 // The 16-bit formats convert a block at a time, which lets x86 CPUs with F16C/AVX2 (every x86
 // made since about 2013) use their conversion instructions and 8-wide vectors, chosen once at run
 // time; elsewhere the portable conversions of reduce_kernels.h run, with identical results.
+// copy_bytes() lives here too, for the same reason (explicit vectors, chosen at run time).
 #include "reduce_kernels.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define DDP_SHM_X86_DISPATCH 1
 #endif
@@ -24,6 +27,23 @@ namespace ddp::detail::shm {
 namespace {
 
 constexpr std::size_t kBlock = 1024;  // elements per block: 4 KiB of float accumulators
+
+#ifdef DDP_SHM_X86_DISPATCH
+// What this CPU can do, looked up once, before main().
+struct CpuFeatures {
+  bool avx, avx2, f16c;
+};
+CpuFeatures detect_cpu() {
+  __builtin_cpu_init();  // we may run before the compiler runtime's own initializer
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  // F16C is CPUID leaf 1, ECX bit 29 (clang's __builtin_cpu_supports does not know "f16c"); it
+  // uses the AVX registers, whose support by the OS __builtin_cpu_supports("avx") checks.
+  const bool f16c_bit = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+  const bool avx = __builtin_cpu_supports("avx");
+  return {avx, avx && __builtin_cpu_supports("avx2"), avx && f16c_bit};
+}
+const CpuFeatures kCpu = detect_cpu();
+#endif
 
 // --- Block conversions of the 16-bit formats -------------------------------------------------
 
@@ -59,8 +79,36 @@ __attribute__((target("avx,f16c"))) void narrow_half_f16c(const float* in, std::
   }
   for (; i < n; ++i) out[i] = float_to_half(in[i]);
 }
-const bool kHasAvx2 = __builtin_cpu_supports("avx2");
-const bool kHasF16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+#endif
+
+// --- Copies ----------------------------------------------------------------------------------
+
+#ifdef DDP_SHM_X86_DISPATCH
+// Explicit vector moves: the compiler would turn a plain copy loop back into a memcpy call.
+void copy_sse2(unsigned char* dst, const unsigned char* src, std::size_t bytes) {
+  std::size_t i = 0;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + i, src + i, bytes - i);
+}
+__attribute__((target("avx"))) void copy_avx(unsigned char* dst, const unsigned char* src, std::size_t bytes) {
+  std::size_t i = 0;
+  for (; i + 64 <= bytes; i += 64) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), a);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
+  }
+  std::memcpy(dst + i, src + i, bytes - i);
+}
 #endif
 
 // A storage format: how a block of stored elements becomes accumulators (widen) and back (narrow).
@@ -78,7 +126,7 @@ struct BFloat16 {
   static void widen(const Stored* in, float* out, std::size_t n) { widen_bf16_portable(in, out, n); }  // a shift: vectorizes anywhere
   static void narrow(const float* in, Stored* out, std::size_t n) {
 #ifdef DDP_SHM_X86_DISPATCH
-    if (kHasAvx2) return narrow_bf16_avx2(in, out, n);
+    if (kCpu.avx2) return narrow_bf16_avx2(in, out, n);
 #endif
     narrow_bf16_portable(in, out, n);
   }
@@ -89,13 +137,13 @@ struct Float16 {
   using Acc = float;
   static void widen(const Stored* in, float* out, std::size_t n) {
 #ifdef DDP_SHM_X86_DISPATCH
-    if (kHasF16c) return widen_half_f16c(in, out, n);
+    if (kCpu.f16c) return widen_half_f16c(in, out, n);
 #endif
     widen_half_portable(in, out, n);
   }
   static void narrow(const float* in, Stored* out, std::size_t n) {
 #ifdef DDP_SHM_X86_DISPATCH
-    if (kHasF16c) return narrow_half_f16c(in, out, n);
+    if (kCpu.f16c) return narrow_half_f16c(in, out, n);
 #endif
     narrow_half_portable(in, out, n);
   }
@@ -174,6 +222,17 @@ void reduce_integer(void* dst, const void* const* srcs, int nsrc, std::size_t co
 }
 
 }  // namespace
+
+void copy_bytes(void* dst, const void* src, std::size_t bytes) {
+#ifdef DDP_SHM_X86_DISPATCH
+  auto* out = static_cast<unsigned char*>(dst);
+  const auto* in = static_cast<const unsigned char*>(src);
+  if (kCpu.avx) return copy_avx(out, in, bytes);
+  return copy_sse2(out, in, bytes);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
 
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {

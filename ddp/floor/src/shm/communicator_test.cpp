@@ -1,0 +1,1121 @@
+// The shared-memory collectives' core (ddp/floor/src/shm), across real processes: every test
+// forks its ranks first, each builds a Communicator over a file-based rendezvous in a fresh
+// temporary folder and writes a report to a file; the parent checks the reports. References are
+// computed independently (in double, in rank order; the 16-bit formats decoded with ldexp), never
+// with the code under test. Every wait is bounded; a child that hangs is killed and reported.
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "shm/communicator.h"
+#include "shm/reduce_kernels.h"
+#include "shm/segment.h"
+
+namespace shm = ddp::detail::shm;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// ---- Harness -----------------------------------------------------------------------------------
+
+std::string read_file(const std::string& path) {
+  std::ifstream file(path);
+  std::stringstream text;
+  text << file.rdbuf();
+  return text.str();
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  const std::string temporary = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream file(temporary);
+    file << text;
+  }
+  std::rename(temporary.c_str(), path.c_str());  // readers see the whole file or none
+}
+
+bool file_exists(const std::string& path) {
+  struct stat info {};
+  return ::stat(path.c_str(), &info) == 0;
+}
+
+std::int64_t now_ns() { return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count(); }
+
+// The rendezvous over files in one folder: a key is a file, written atomically; get() polls.
+class FileRendezvous : public shm::Rendezvous {
+ public:
+  explicit FileRendezvous(std::string folder, std::chrono::milliseconds timeout = 20s) : folder_(std::move(folder)), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::string& value) override { write_file(path(key), value); }
+
+  std::string get(const std::string& key) override {
+    const auto deadline = Clock::now() + timeout_;
+    while (!file_exists(path(key))) {
+      if (Clock::now() >= deadline) throw std::runtime_error("rendezvous key " + key + " not set within " + std::to_string(timeout_.count()) + " ms");
+      std::this_thread::sleep_for(1ms);
+    }
+    return read_file(path(key));
+  }
+
+ private:
+  std::string path(std::string key) const {
+    std::replace(key.begin(), key.end(), '/', '_');
+    return folder_ + "/key_" + key;
+  }
+  std::string folder_;
+  std::chrono::milliseconds timeout_;
+};
+
+// A fresh folder and segment-name prefix per test.
+struct Scratch {
+  std::string folder;
+  std::string prefix;  // "/ddpshmtest-<pid>-<n>"
+  Scratch() {
+    static int counter = 0;
+    char path[] = "/tmp/ddp_shm_test_XXXXXX";
+    folder = ::mkdtemp(path);
+    prefix = "/ddpshmtest-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  }
+  ~Scratch() { std::system(("rm -rf '" + folder + "'").c_str()); }
+};
+
+// Names in /dev/shm that start with `prefix` (without its slash).
+std::vector<std::string> leftovers(const std::string& prefix) {
+  std::vector<std::string> found;
+  if (DIR* dir = ::opendir("/dev/shm")) {
+    while (const dirent* entry = ::readdir(dir)) {
+      if (std::strncmp(entry->d_name, prefix.c_str() + 1, prefix.size() - 1) == 0) found.emplace_back(entry->d_name);
+    }
+    ::closedir(dir);
+  }
+  return found;
+}
+
+struct Outcome {
+  std::string report;      // what the rank's body returned ("" = all good)
+  bool finished = false;   // the body returned and the process exited normally
+  std::string exit;        // how the process ended, when not normally
+};
+
+struct RunOptions {
+  std::chrono::seconds limit{240};
+  // Runs in the parent while the ranks run (e.g. to kill one); gets their pids.
+  std::function<void(const std::vector<pid_t>&)> meanwhile;
+};
+
+// Forks `world` ranks, each running body(rank) and reporting through a file; waits at most
+// `limit` for all of them (SIGKILLs the rest) and returns their outcomes.
+std::vector<Outcome> run_ranks(int world, const Scratch& scratch, const std::function<std::string(int)>& body, RunOptions options = {}) {
+  std::fflush(nullptr);
+  std::vector<pid_t> pids(world);
+  for (int rank = 0; rank < world; ++rank) {
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      std::string report;
+      try {
+        report = body(rank);
+      } catch (const std::exception& e) {
+        report = std::string("uncaught exception: ") + e.what();
+      } catch (...) {
+        report = "uncaught exception";
+      }
+      write_file(scratch.folder + "/report-" + std::to_string(rank), report);
+      ::_exit(0);
+    }
+    pids[rank] = pid;
+  }
+  if (options.meanwhile) options.meanwhile(pids);
+  std::vector<Outcome> outcomes(world);
+  std::vector<bool> done(world, false);
+  const auto deadline = Clock::now() + options.limit;
+  for (int remaining = world; remaining > 0;) {
+    for (int rank = 0; rank < world; ++rank) {
+      if (done[rank]) continue;
+      int status = 0;
+      const pid_t got = ::waitpid(pids[rank], &status, WNOHANG);
+      if (got == 0) continue;
+      done[rank] = true;
+      --remaining;
+      if (got < 0) {
+        outcomes[rank].exit = "already reaped";
+      } else if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        outcomes[rank].finished = true;
+      } else {
+        outcomes[rank].exit = WIFSIGNALED(status) ? "killed by signal " + std::to_string(WTERMSIG(status)) : "exit status " + std::to_string(WEXITSTATUS(status));
+      }
+    }
+    if (remaining == 0) break;
+    if (Clock::now() >= deadline) {
+      for (int rank = 0; rank < world; ++rank) {
+        if (done[rank]) continue;
+        ::kill(pids[rank], SIGCONT);
+        ::kill(pids[rank], SIGKILL);
+        ::waitpid(pids[rank], nullptr, 0);
+        outcomes[rank].exit = "did not finish within the test's limit (killed)";
+      }
+      break;
+    }
+    std::this_thread::sleep_for(2ms);
+  }
+  for (int rank = 0; rank < world; ++rank) {
+    const std::string path = scratch.folder + "/report-" + std::to_string(rank);
+    if (file_exists(path)) outcomes[rank].report = read_file(path);
+  }
+  return outcomes;
+}
+
+// Every rank finished and reported nothing wrong.
+void expect_all_good(const std::vector<Outcome>& outcomes) {
+  for (std::size_t rank = 0; rank < outcomes.size(); ++rank) {
+    EXPECT_TRUE(outcomes[rank].finished) << "rank " << rank << ": " << outcomes[rank].exit;
+    EXPECT_EQ(outcomes[rank].report, "") << "rank " << rank;
+  }
+}
+
+shm::Options test_options() {
+  shm::Options options;
+  options.timeout = 30s;
+  options.chunk_bytes = 64 << 10;  // small, so chunk boundaries are cheap to cross
+  options.one_step_bytes = 1 << 10;
+  return options;
+}
+
+// Deterministic pseudo-random numbers: the same on every rank, for any (seed, rank, index).
+std::uint64_t mix(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+std::uint64_t random_bits(std::uint64_t seed, int rank, std::size_t index) { return mix(mix(seed * 1000003 + rank) + index); }
+
+std::uint64_t fnv1a(const void* data, std::size_t bytes) {
+  std::uint64_t hash = 0xcbf29ce484222325ull;
+  for (std::size_t i = 0; i < bytes; ++i) hash = (hash ^ static_cast<const unsigned char*>(data)[i]) * 0x100000001b3ull;
+  return hash;
+}
+
+// ---- Independent numerics ----------------------------------------------------------------------
+
+// A 16-bit floating value from its bits, by the definition of the format.
+double decode16(std::uint16_t bits, int mantissa_bits, int bias) {
+  const int exponent_bits = 15 - mantissa_bits;
+  const bool negative = bits >> 15;
+  const int exponent = (bits >> mantissa_bits) & ((1 << exponent_bits) - 1);
+  const int mantissa = bits & ((1 << mantissa_bits) - 1);
+  double magnitude;
+  if (exponent == (1 << exponent_bits) - 1) {
+    magnitude = mantissa ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  } else if (exponent == 0) {
+    magnitude = std::ldexp(mantissa, 1 - bias - mantissa_bits);
+  } else {
+    magnitude = std::ldexp(mantissa + (1 << mantissa_bits), exponent - bias - mantissa_bits);
+  }
+  return negative ? -magnitude : magnitude;
+}
+double decode_bf16(std::uint16_t bits) { return decode16(bits, 7, 127); }
+double decode_half(std::uint16_t bits) { return decode16(bits, 10, 15); }
+
+// One unit in the last place of `format` at |x| (mantissa bits, smallest exponent).
+double ulp(double x, int mantissa_bits, int min_exponent) {
+  int exponent = 0;
+  std::frexp(std::fabs(x), &exponent);  // |x| = f * 2^exponent, f in [0.5, 1)
+  return std::ldexp(1.0, std::max(exponent - 1, min_exponent) - mantissa_bits);
+}
+
+struct Format {
+  shm::DType dtype;
+  bool floating;
+  int mantissa_bits;  // of the stored format
+  int min_exponent;
+  double accumulate_epsilon;  // unit roundoff of the type the kernel accumulates in
+};
+
+const Format kFormats[] = {
+    {shm::DType::kFloat32, true, 23, -126, 0x1p-24},  {shm::DType::kFloat64, true, 52, -1022, 0x1p-53},
+    {shm::DType::kBFloat16, true, 7, -126, 0x1p-24},  {shm::DType::kFloat16, true, 10, -14, 0x1p-24},
+    {shm::DType::kInt32, false, 0, 0, 0},             {shm::DType::kInt64, false, 0, 0, 0},
+    {shm::DType::kUInt8, false, 0, 0, 0},
+};
+const shm::Op kOps[] = {shm::Op::kSum, shm::Op::kAvg, shm::Op::kMax, shm::Op::kMin, shm::Op::kProduct};
+
+// Rank `rank`'s element `i` of a test tensor, as the value the test means (double) and as stored.
+// Values suit the op: products stay near 1 and integer sums do not overflow (except uint8,
+// which wraps on purpose).
+struct Element {
+  double value;
+  std::int64_t integer;
+};
+
+std::uint16_t random_16bit(std::uint64_t r, int mantissa_bits, int bias, shm::Op op) {
+  const std::uint16_t sign = static_cast<std::uint16_t>((r & 1) << 15);
+  const std::uint16_t mantissa = static_cast<std::uint16_t>((r >> 1) & ((1u << mantissa_bits) - 1));
+  int exponent;
+  if (op == shm::Op::kProduct) {
+    exponent = bias - 1 + static_cast<int>((r >> 20) % 2);  // [0.5, 2)
+  } else if ((r >> 24) % 16 == 0) {
+    exponent = 0;  // now and then a subnormal
+  } else {
+    exponent = bias - 6 + static_cast<int>((r >> 28) % 10);  // [2^-6, 2^4)
+  }
+  return static_cast<std::uint16_t>(sign | (exponent << mantissa_bits) | mantissa);
+}
+
+// Writes rank `rank`'s element i into `out` (typed storage) and returns its meaning.
+Element make_element(const Format& format, shm::Op op, std::uint64_t seed, int rank, std::size_t i, void* out) {
+  const std::uint64_t r = random_bits(seed, rank, i);
+  const double unit = static_cast<double>(r >> 11) * 0x1p-53;  // [0, 1)
+  switch (format.dtype) {
+    case shm::DType::kFloat32: {
+      const float v = op == shm::Op::kProduct ? static_cast<float>((r & 1 ? -1 : 1) * (0.5 + 1.5 * unit)) : static_cast<float>(32 * unit - 16);
+      static_cast<float*>(out)[i] = v;
+      return {v, 0};
+    }
+    case shm::DType::kFloat64: {
+      const double v = op == shm::Op::kProduct ? (r & 1 ? -1 : 1) * (0.5 + 1.5 * unit) : 32 * unit - 16;
+      static_cast<double*>(out)[i] = v;
+      return {v, 0};
+    }
+    case shm::DType::kBFloat16: {
+      const std::uint16_t bits = random_16bit(r, 7, 127, op);
+      static_cast<std::uint16_t*>(out)[i] = bits;
+      return {decode_bf16(bits), 0};
+    }
+    case shm::DType::kFloat16: {
+      const std::uint16_t bits = random_16bit(r, 10, 15, op);
+      static_cast<std::uint16_t*>(out)[i] = bits;
+      return {decode_half(bits), 0};
+    }
+    case shm::DType::kInt32: {
+      const std::int32_t v = op == shm::Op::kProduct ? static_cast<std::int32_t>(r % 7) - 3
+                             : op == shm::Op::kSum   ? static_cast<std::int32_t>(r % 2000001) - 1000000
+                                                     : static_cast<std::int32_t>(static_cast<std::uint32_t>(r));
+      static_cast<std::int32_t*>(out)[i] = v;
+      return {0, v};
+    }
+    case shm::DType::kInt64: {
+      const std::int64_t v = op == shm::Op::kProduct ? static_cast<std::int64_t>(r % 7) - 3
+                             : op == shm::Op::kSum   ? static_cast<std::int64_t>(r >> 24) - (std::int64_t{1} << 39)
+                                                     : static_cast<std::int64_t>(r);
+      static_cast<std::int64_t*>(out)[i] = v;
+      return {0, v};
+    }
+    case shm::DType::kUInt8: {
+      const std::uint8_t v = static_cast<std::uint8_t>(r);
+      static_cast<std::uint8_t*>(out)[i] = v;
+      return {0, v};
+    }
+  }
+  return {0, 0};
+}
+
+double stored_value(const Format& format, const void* data, std::size_t i) {
+  switch (format.dtype) {
+    case shm::DType::kFloat32: return static_cast<const float*>(data)[i];
+    case shm::DType::kFloat64: return static_cast<const double*>(data)[i];
+    case shm::DType::kBFloat16: return decode_bf16(static_cast<const std::uint16_t*>(data)[i]);
+    case shm::DType::kFloat16: return decode_half(static_cast<const std::uint16_t*>(data)[i]);
+    default: return 0;
+  }
+}
+
+std::int64_t stored_integer(const Format& format, const void* data, std::size_t i) {
+  switch (format.dtype) {
+    case shm::DType::kInt32: return static_cast<const std::int32_t*>(data)[i];
+    case shm::DType::kInt64: return static_cast<const std::int64_t*>(data)[i];
+    case shm::DType::kUInt8: return static_cast<const std::uint8_t*>(data)[i];
+    default: return 0;
+  }
+}
+
+// The integer reduction in 64-bit two's complement, cast to the type's width like the storage does.
+std::int64_t wrap(const Format& format, std::uint64_t x) {
+  switch (format.dtype) {
+    case shm::DType::kInt32: return static_cast<std::int32_t>(static_cast<std::uint32_t>(x));
+    case shm::DType::kUInt8: return static_cast<std::uint8_t>(x);
+    default: return static_cast<std::int64_t>(x);
+  }
+}
+
+// Allreduces one test tensor of `count` elements on this rank and checks it against the
+// reference over all ranks' inputs. Returns "" or what went wrong; appends the result's hash.
+std::string check_allreduce(shm::Communicator& comm, const Format& format, shm::Op op, std::size_t count, std::uint64_t seed,
+                            std::string& hashes) {
+  const int world = comm.size();
+  const std::size_t element = shm::dtype_size(format.dtype);
+  std::vector<unsigned char> mine(std::max<std::size_t>(1, count * element)), scratch(mine.size());
+  for (std::size_t i = 0; i < count; ++i) make_element(format, op, seed, comm.rank(), i, mine.data());
+  comm.allreduce(mine.data(), count, format.dtype, op);
+
+  std::ostringstream errors;
+  int shown = 0;
+  for (std::size_t i = 0; i < count && shown < 3; ++i) {
+    if (format.floating) {
+      double reference = 0, magnitude = 0;
+      for (int r = 0; r < world; ++r) {
+        const double x = make_element(format, op, seed, r, i, scratch.data()).value;
+        if (r == 0) {
+          reference = x;
+        } else if (op == shm::Op::kSum || op == shm::Op::kAvg) {
+          reference += x;
+        } else if (op == shm::Op::kProduct) {
+          reference *= x;
+        } else if (op == shm::Op::kMax) {
+          reference = std::max(reference, x);
+        } else {
+          reference = std::min(reference, x);
+        }
+        magnitude += std::fabs(x);
+      }
+      if (op == shm::Op::kAvg) {
+        reference /= world;
+        magnitude /= world;
+      }
+      if (op == shm::Op::kProduct) magnitude = std::fabs(reference);
+      const double got = stored_value(format, mine.data(), i);
+      // MAX and MIN pick an input exactly. Otherwise: one rounding to the stored format (half a unit
+      // in the last place), plus the roundings of accumulating world values (and dividing) in the
+      // accumulation type.
+      const double rounding = 0.5 * ulp(std::max(std::fabs(reference), std::fabs(got)), format.mantissa_bits, format.min_exponent);
+      const double tolerance =
+          (op == shm::Op::kMax || op == shm::Op::kMin) ? 0 : rounding + (world + 1) * format.accumulate_epsilon * magnitude;
+      if (!(std::fabs(got - reference) <= tolerance)) {
+        errors << "  element " << i << ": got " << got << ", reference " << reference << " (tolerance " << tolerance << ")\n";
+        ++shown;
+      }
+    } else {
+      std::uint64_t acc = 0;
+      std::int64_t extreme = 0;
+      for (int r = 0; r < world; ++r) {
+        const std::int64_t x = make_element(format, op, seed, r, i, scratch.data()).integer;
+        const std::uint64_t u = static_cast<std::uint64_t>(x);
+        if (r == 0) {
+          acc = u;
+          extreme = x;
+        } else if (op == shm::Op::kSum) {
+          acc += u;
+        } else if (op == shm::Op::kProduct) {
+          acc *= u;
+        } else {
+          extreme = op == shm::Op::kMax ? std::max(extreme, x) : std::min(extreme, x);
+        }
+      }
+      const std::int64_t reference = (op == shm::Op::kMax || op == shm::Op::kMin) ? extreme : wrap(format, acc);
+      const std::int64_t got = stored_integer(format, mine.data(), i);
+      if (got != reference) {
+        errors << "  element " << i << ": got " << got << ", reference " << reference << "\n";
+        ++shown;
+      }
+    }
+  }
+  const std::string what = std::string(shm::dtype_name(format.dtype)) + " " + shm::op_name(op) + " x " + std::to_string(count);
+  hashes += "HASH " + what + " " + std::to_string(fnv1a(mine.data(), count * element)) + "\n";
+  return errors.str().empty() ? "" : what + " at " + std::to_string(world) + " ranks:\n" + errors.str();
+}
+
+// Splits a report into its lines starting with `tag`.
+std::vector<std::string> lines_with(const std::string& text, const std::string& tag) {
+  std::vector<std::string> found;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(tag, 0) == 0) found.push_back(line);
+  }
+  return found;
+}
+
+// ---- Single-process tests of the kernels ----------------------------------------------------------
+
+TEST(ShmKernels, SixteenBitFormatsRoundTripEveryValue) {
+  for (std::uint32_t bits = 0; bits <= 0xffff; ++bits) {
+    const auto h = static_cast<std::uint16_t>(bits);
+    const float half = shm::half_to_float(h), bf16 = shm::bf16_to_float(h);
+    if (std::isnan(decode_half(h))) {
+      ASSERT_TRUE(std::isnan(half)) << std::hex << bits;
+      ASSERT_TRUE(std::isnan(shm::half_to_float(shm::float_to_half(half)))) << std::hex << bits;
+    } else {
+      ASSERT_EQ(static_cast<double>(half), decode_half(h)) << std::hex << bits;
+      ASSERT_EQ(shm::float_to_half(half), h) << std::hex << bits;
+    }
+    if (std::isnan(decode_bf16(h))) {
+      ASSERT_TRUE(std::isnan(bf16)) << std::hex << bits;
+      ASSERT_TRUE(std::isnan(shm::bf16_to_float(shm::float_to_bf16(bf16)))) << std::hex << bits;
+    } else {
+      ASSERT_EQ(static_cast<double>(bf16), decode_bf16(h)) << std::hex << bits;
+      ASSERT_EQ(shm::float_to_bf16(bf16), h) << std::hex << bits;
+    }
+  }
+}
+
+// Round to nearest, ties to even, by comparing distances to the two neighbours in double.
+std::uint16_t reference_round(float x, double (*decode)(std::uint16_t), std::uint16_t toward_zero) {
+  const std::uint16_t away = static_cast<std::uint16_t>(toward_zero + 1);
+  const double below = std::fabs(x - decode(toward_zero)), above = std::fabs(decode(away) - x);
+  if (below < above) return toward_zero;
+  if (above < below) return away;
+  return (toward_zero & 1) ? away : toward_zero;
+}
+
+TEST(ShmKernels, NarrowingRoundsToNearestEven) {
+  std::vector<float> values = {0.0f, -0.0f, 1.0f, 65504.0f, 65519.996f, 65520.0f, 65536.0f, 1e-8f, 2.98e-8f, 5.96e-8f, 6.1e-5f,
+                               std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(), 3.4e38f};
+  for (std::size_t i = 0; i < 200000; ++i) {
+    float x;
+    const auto bits = static_cast<std::uint32_t>(random_bits(7, 0, i));
+    std::memcpy(&x, &bits, sizeof x);
+    if (!std::isnan(x)) values.push_back(x);
+  }
+  for (const float x : values) {
+    // bfloat16: truncation is toward zero; beyond the largest finite value it rounds to infinity.
+    std::uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    const auto truncated = static_cast<std::uint16_t>(bits >> 16);
+    if (std::isinf(x)) {
+      EXPECT_EQ(shm::float_to_bf16(x), truncated);
+    } else if ((truncated & 0x7fff) == 0x7f7f) {
+      EXPECT_TRUE(shm::float_to_bf16(x) == truncated || std::isinf(shm::bf16_to_float(shm::float_to_bf16(x)))) << x;
+    } else {
+      ASSERT_EQ(shm::float_to_bf16(x), reference_round(x, decode_bf16, truncated)) << x;
+    }
+    // float16: find the half at or below |x| by bisection over the ordered bit patterns.
+    const double magnitude = std::fabs(static_cast<double>(x));
+    const std::uint16_t sign = std::signbit(x) ? 0x8000 : 0;
+    std::uint16_t expected;
+    if (magnitude >= 65520.0) {
+      expected = static_cast<std::uint16_t>(sign | 0x7c00);
+    } else {
+      std::uint16_t low = 0, high = 0x7bff;  // largest finite
+      while (low < high) {
+        const auto mid = static_cast<std::uint16_t>((low + high + 1) / 2);
+        if (decode_half(mid) <= magnitude) low = mid; else high = static_cast<std::uint16_t>(mid - 1);
+      }
+      // Below 65520 the largest finite value is the nearest.
+      expected = low == 0x7bff ? low : reference_round(static_cast<float>(magnitude), decode_half, low);
+      expected = static_cast<std::uint16_t>(expected | sign);
+    }
+    ASSERT_EQ(shm::float_to_half(x), expected) << x;
+#ifdef __FLT16_MAX__
+    // The compiler's own conversion agrees.
+    const _Float16 compiler = static_cast<_Float16>(x);
+    std::uint16_t compiler_bits;
+    std::memcpy(&compiler_bits, &compiler, sizeof compiler_bits);
+    ASSERT_EQ(shm::float_to_half(x), compiler_bits) << x;
+#endif
+  }
+  EXPECT_TRUE(std::isnan(shm::half_to_float(shm::float_to_half(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isnan(shm::bf16_to_float(shm::float_to_bf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isnan(shm::bf16_to_float(shm::float_to_bf16(std::numeric_limits<float>::signaling_NaN()))));
+}
+
+// reduce_into may convert with vector instructions (F16C, AVX2): it must give the scalar
+// functions' bits for every value.
+TEST(ShmKernels, BlockConversionsMatchTheScalarOnes) {
+  for (const shm::DType dtype : {shm::DType::kFloat16, shm::DType::kBFloat16}) {
+    const bool half = dtype == shm::DType::kFloat16;
+    std::vector<std::uint16_t> a(65536), b(65536), out(65536);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      a[i] = static_cast<std::uint16_t>(i);
+      b[i] = static_cast<std::uint16_t>(random_bits(3, 0, i));
+    }
+    const void* sources[] = {a.data(), b.data()};
+    shm::reduce_into(out.data(), sources, 2, a.size(), dtype, shm::Op::kSum);
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      const float sum = half ? shm::half_to_float(a[i]) + shm::half_to_float(b[i]) : shm::bf16_to_float(a[i]) + shm::bf16_to_float(b[i]);
+      const std::uint16_t expected = half ? shm::float_to_half(sum) : shm::float_to_bf16(sum);
+      if (std::isnan(sum)) {
+        ASSERT_TRUE(std::isnan(half ? shm::half_to_float(out[i]) : shm::bf16_to_float(out[i]))) << i;
+      } else {
+        ASSERT_EQ(out[i], expected) << shm::dtype_name(dtype) << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(ShmKernels, DestinationMayBeASourceAndNanPropagates) {
+  std::vector<float> a(5000), b(5000), c(5000);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a[i] = static_cast<float>(i);
+    b[i] = 2.0f * static_cast<float>(i);
+    c[i] = 1.0f;
+  }
+  const void* sources[] = {a.data(), b.data(), c.data()};
+  shm::reduce_into(b.data(), sources, 3, b.size(), shm::DType::kFloat32, shm::Op::kSum);
+  for (std::size_t i = 0; i < b.size(); ++i) ASSERT_EQ(b[i], 3.0f * static_cast<float>(i) + 1.0f) << i;
+
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  float x[] = {1.0f, nan, 3.0f}, y[] = {nan, 2.0f, 1.0f}, out[3];
+  const void* pair[] = {x, y};
+  for (const shm::Op op : {shm::Op::kMax, shm::Op::kMin, shm::Op::kSum}) {
+    shm::reduce_into(out, pair, 2, 3, shm::DType::kFloat32, op);
+    EXPECT_TRUE(std::isnan(out[0]) && std::isnan(out[1])) << shm::op_name(op);
+  }
+  EXPECT_THROW(shm::reduce_into(out, pair, 2, 3, shm::DType::kInt32, shm::Op::kAvg), std::invalid_argument);
+}
+
+// ---- Segments ---------------------------------------------------------------------------------
+
+TEST(ShmSegment, ErrorsNameTheObjectAndTheReason) {
+  Scratch scratch;
+  const std::string name = scratch.prefix + "-x";
+  shm::Segment first = shm::Segment::create(name, 4096);
+  try {
+    shm::Segment::create(name, 4096);
+    FAIL() << "created the same name twice";
+  } catch (const shm::ShmUnavailable& e) {
+    EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::strerror(EEXIST)), std::string::npos) << e.what();
+  }
+  try {
+    shm::Segment::open(scratch.prefix + "-missing", 4096);
+    FAIL() << "opened a missing object";
+  } catch (const shm::ShmUnavailable& e) {
+    EXPECT_NE(std::string(e.what()).find(scratch.prefix + "-missing"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(std::strerror(ENOENT)), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(shm::Segment::open(name, 8192), shm::ShmUnavailable);  // shorter than expected
+  EXPECT_THROW(shm::Segment::create("no-slash", 4096), shm::ShmUnavailable);
+
+  // The mapping outlives the name; moving keeps the ownership; destruction removes an owned name.
+  shm::Segment peer = shm::Segment::open(name, 4096);
+  static_cast<char*>(first.data())[100] = 42;
+  EXPECT_EQ(static_cast<char*>(peer.data())[100], 42);
+  shm::Segment moved = std::move(first);
+  EXPECT_TRUE(moved.owns_name());
+  moved.unlink();
+  EXPECT_TRUE(leftovers(scratch.prefix).empty());
+  static_cast<char*>(moved.data())[101] = 7;
+  EXPECT_EQ(static_cast<char*>(peer.data())[101], 7);
+  { shm::Segment temporary = shm::Segment::create(scratch.prefix + "-y", 100); }
+  EXPECT_TRUE(leftovers(scratch.prefix).empty());
+}
+
+// ---- Collectives across processes ------------------------------------------------------------------
+
+std::string numerics_body(int rank, int world, const Scratch& scratch) {
+  FileRendezvous rendezvous(scratch.folder);
+  const shm::Options options = test_options();
+  shm::Communicator comm(rendezvous, scratch.prefix, rank, world, options);
+  std::string errors, hashes;
+  std::uint64_t seed = 1;
+  for (const Format& format : kFormats) {
+    const std::size_t element = shm::dtype_size(format.dtype);
+    const std::size_t chunk = options.chunk_bytes / element, one_step = options.one_step_bytes / element;
+    std::vector<std::size_t> sizes = {0, 1, static_cast<std::size_t>(world - 1), one_step - 1, one_step, one_step + 1, chunk - 1, chunk, chunk + 1,
+                                      2 * chunk + static_cast<std::size_t>(world), 1000003};
+    std::sort(sizes.begin(), sizes.end());
+    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+    for (const shm::Op op : kOps) {
+      if (!shm::supported(format.dtype, op)) continue;
+      for (const std::size_t count : sizes) errors += check_allreduce(comm, format, op, count, seed++, hashes);
+    }
+  }
+  // The reports carry the hashes, so the parent can check that every rank got the same bits.
+  return errors + (errors.empty() ? "" : "\n") + hashes;
+}
+
+void run_numerics(int world) {
+  Scratch scratch;
+  const auto outcomes = run_ranks(world, scratch, [&](int rank) { return numerics_body(rank, world, scratch); });
+  for (int rank = 0; rank < world; ++rank) {
+    ASSERT_TRUE(outcomes[rank].finished) << "rank " << rank << ": " << outcomes[rank].exit << "\n" << outcomes[rank].report;
+    const auto& report = outcomes[rank].report;
+    EXPECT_EQ(report.find("HASH "), 0u) << "rank " << rank << " found mismatches:\n" << report.substr(0, report.find("HASH "));
+    EXPECT_EQ(lines_with(report, "HASH ").size(), lines_with(outcomes[0].report, "HASH ").size());
+    EXPECT_EQ(lines_with(report, "HASH "), lines_with(outcomes[0].report, "HASH ")) << "rank " << rank << " and rank 0 got different bits";
+  }
+  EXPECT_TRUE(leftovers(scratch.prefix).empty());
+}
+
+TEST(ShmCommunicator, AllreduceMatchesTheReferenceAtTwoRanks) { run_numerics(2); }
+TEST(ShmCommunicator, AllreduceMatchesTheReferenceAtThreeRanks) { run_numerics(3); }
+TEST(ShmCommunicator, AllreduceMatchesTheReferenceAtFourRanks) { run_numerics(4); }
+
+TEST(ShmCommunicator, BroadcastFromEveryRootAllgatherAndBarrier) {
+  constexpr int kWorld = 3;
+  Scratch scratch;
+  const auto outcomes = run_ranks(kWorld, scratch, [&](int rank) -> std::string {
+    FileRendezvous rendezvous(scratch.folder);
+    const shm::Options options = test_options();
+    shm::Communicator comm(rendezvous, scratch.prefix, rank, kWorld, options);
+    std::ostringstream errors;
+    const std::size_t chunk = options.chunk_bytes;
+    const std::size_t sizes[] = {0, 1, chunk - 1, chunk, chunk + 1, 3 * chunk + 5, 1000003};
+    std::uint64_t seed = 100;
+    for (const std::size_t bytes : sizes) {
+      for (int root = 0; root < kWorld; ++root, ++seed) {
+        std::vector<unsigned char> data(bytes + 1, 0xee);
+        for (std::size_t i = 0; i < bytes; ++i) data[i] = rank == root ? static_cast<unsigned char>(random_bits(seed, root, i)) : 0;
+        comm.broadcast(data.data(), bytes, root);
+        for (std::size_t i = 0; i < bytes; ++i) {
+          if (data[i] != static_cast<unsigned char>(random_bits(seed, root, i))) {
+            errors << "broadcast of " << bytes << " bytes from " << root << ": byte " << i << " differs\n";
+            break;
+          }
+        }
+        if (data[bytes] != 0xee) errors << "broadcast of " << bytes << " bytes wrote past the end\n";
+      }
+      for (const bool in_place : {false, true}) {
+        ++seed;
+        std::vector<unsigned char> piece(bytes), out(kWorld * bytes + 1, 0xee);
+        for (std::size_t i = 0; i < bytes; ++i) piece[i] = static_cast<unsigned char>(random_bits(seed, rank, i));
+        if (in_place) {
+          std::copy(piece.begin(), piece.end(), out.begin() + static_cast<std::ptrdiff_t>(rank * bytes));
+          comm.allgather(out.data() + rank * bytes, bytes, out.data());
+        } else {
+          comm.allgather(piece.data(), bytes, out.data());
+        }
+        for (int q = 0; q < kWorld; ++q) {
+          for (std::size_t i = 0; i < bytes; ++i) {
+            if (out[q * bytes + i] != static_cast<unsigned char>(random_bits(seed, q, i))) {
+              errors << "allgather" << (in_place ? " in place" : "") << " of " << bytes << " bytes: rank " << q << "'s byte " << i << " differs\n";
+              break;
+            }
+          }
+        }
+        if (out[kWorld * bytes] != 0xee) errors << "allgather of " << bytes << " bytes wrote past the end\n";
+      }
+    }
+    // Barrier: nobody leaves before the last one arrived (ranks arrive 0, 100, 200 ms apart).
+    for (int round = 0; round < 3; ++round) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100 * ((rank + round) % kWorld)));
+      const std::int64_t arrived = now_ns();
+      comm.barrier();
+      const std::int64_t left = now_ns();
+      errors << "BARRIER " << round << " " << arrived << " " << left << "\n";
+    }
+    return errors.str();
+  });
+  for (int rank = 0; rank < kWorld; ++rank) {
+    ASSERT_TRUE(outcomes[rank].finished) << "rank " << rank << ": " << outcomes[rank].exit;
+    EXPECT_EQ(lines_with(outcomes[rank].report, "BARRIER").size(), 3u) << outcomes[rank].report;
+    EXPECT_EQ(outcomes[rank].report.find("BARRIER"), 0u) << "rank " << rank << ":\n" << outcomes[rank].report;
+  }
+  for (int round = 0; round < 3; ++round) {
+    std::int64_t last_arrival = 0, first_departure = std::numeric_limits<std::int64_t>::max();
+    for (int rank = 0; rank < kWorld; ++rank) {
+      std::istringstream line(lines_with(outcomes[rank].report, "BARRIER")[round]);
+      std::string tag;
+      int number;
+      std::int64_t arrived, left;
+      line >> tag >> number >> arrived >> left;
+      last_arrival = std::max(last_arrival, arrived);
+      first_departure = std::min(first_departure, left);
+    }
+    EXPECT_GE(first_departure, last_arrival) << "round " << round << ": a rank left the barrier before the last one arrived";
+  }
+  EXPECT_TRUE(leftovers(scratch.prefix).empty());
+}
+
+TEST(ShmCommunicator, EightRanksOnTwoCoresStayCorrect) {
+  constexpr int kWorld = 8;
+  Scratch scratch;
+  const auto started = Clock::now();
+  const auto outcomes = run_ranks(kWorld, scratch, [&](int rank) -> std::string {
+    FileRendezvous rendezvous(scratch.folder);
+    shm::Options options;
+    options.timeout = 60s;
+    options.chunk_bytes = 1 << 20;
+    shm::Communicator comm(rendezvous, scratch.prefix, rank, kWorld, options);
+    std::ostringstream errors;
+    // Integer-valued floats: every sum is exact, so the check is exact.
+    const auto value = [](int r, std::size_t i, int iteration) { return static_cast<float>((r * 31 + i * 7 + iteration) % 1001) - 500.0f; };
+    for (int iteration = 0; iteration < 220; ++iteration) {
+      const bool large = iteration % 40 == 39;
+      const std::size_t count = large ? 1000003 : 1 + iteration % 64;
+      std::vector<float> data(count);
+      for (std::size_t i = 0; i < count; ++i) data[i] = value(rank, i, iteration);
+      comm.allreduce(data.data(), count, shm::DType::kFloat32, shm::Op::kSum);
+      for (std::size_t i = 0; i < count; ++i) {
+        float expected = 0;
+        for (int r = 0; r < kWorld; ++r) expected += value(r, i, iteration);
+        if (data[i] != expected) {
+          errors << "iteration " << iteration << " element " << i << ": " << data[i] << " != " << expected << "\n";
+          break;
+        }
+      }
+      if (iteration % 50 == 0) comm.barrier();
+    }
+    return errors.str();
+  });
+  expect_all_good(outcomes);
+  std::printf("[          ] 8 ranks: %.1f s\n", std::chrono::duration<double>(Clock::now() - started).count());
+  EXPECT_TRUE(leftovers(scratch.prefix).empty());
+}
+
+TEST(ShmCommunicator, TwoCommunicatorsWithDifferentPrefixesAtOnce) {
+  constexpr int kWorld = 3;
+  Scratch scratch;
+  const std::string other = scratch.prefix + "b";
+  const auto outcomes = run_ranks(kWorld, scratch, [&](int rank) -> std::string {
+    FileRendezvous rendezvous(scratch.folder);
+    shm::Communicator first(rendezvous, scratch.prefix, rank, kWorld, test_options());
+    shm::Communicator second(rendezvous, other, rank, kWorld, test_options());
+    std::ostringstream errors;
+    for (int iteration = 0; iteration < 20; ++iteration) {
+      const std::size_t count = iteration % 2 ? 100000 : 17;
+      std::vector<std::int64_t> a(count, rank + 1), b(count, 10 * (rank + 1));
+      first.allreduce(a.data(), count, shm::DType::kInt64, shm::Op::kSum);
+      second.allreduce(b.data(), count, shm::DType::kInt64, shm::Op::kMax);
+      if (a.front() != 6 || a.back() != 6) errors << "iteration " << iteration << ": the first communicator's sum is " << a.back() << "\n";
+      if (b.front() != 30 || b.back() != 30) errors << "iteration " << iteration << ": the second communicator's max is " << b.back() << "\n";
+    }
+    return errors.str();
+  });
+  expect_all_good(outcomes);
+  EXPECT_TRUE(leftovers(scratch.prefix).empty());
+}
+
+// Desync: the ranks run different collectives. Every rank throws, naming both collectives, and
+// the communicator keeps throwing the same error.
+TEST(ShmCommunicator, MismatchedCollectivesThrowOnEveryRank) {
+  struct Case {
+    const char* name;
+    std::function<void(shm::Communicator&, int)> run;
+    const char* rank0_runs;
+    const char* rank1_runs;
+  };
+  const std::vector<Case> cases = {
+      {"sizes",
+       [](shm::Communicator& comm, int rank) {
+         std::vector<float> data(rank == 0 ? 10 : 100, 1.0f);
+         comm.allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kSum);
+       },
+       "allreduce #1 (10 x float32, SUM)", "allreduce #1 (100 x float32, SUM)"},
+      {"kinds",
+       [](shm::Communicator& comm, int rank) {
+         std::vector<float> data(300000, 1.0f);  // several chunks on rank 1, one step on rank 0
+         if (rank == 0) comm.barrier(); else comm.allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kMax);
+       },
+       "barrier #1", "allreduce #1 (300000 x float32, MAX)"},
+  };
+  for (const Case& c : cases) {
+    Scratch scratch;
+    const auto outcomes = run_ranks(2, scratch, [&](int rank) -> std::string {
+      FileRendezvous rendezvous(scratch.folder);
+      shm::Options options = test_options();
+      options.timeout = 10s;
+      shm::Communicator comm(rendezvous, scratch.prefix, rank, 2, options);
+      std::string first;
+      try {
+        c.run(comm, rank);
+        return "did not throw";
+      } catch (const shm::PeerError& e) {
+        if (e.peer() != 1 - rank) return "names rank " + std::to_string(e.peer());
+        first = e.what();
+      }
+      try {
+        comm.barrier();
+        return "the failed communicator worked again";
+      } catch (const shm::PeerError& e) {
+        if (e.what() != first) return std::string("the next call threw another error: ") + e.what();
+      }
+      return "THREW " + first;
+    });
+    for (int rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(outcomes[rank].finished) << c.name << " rank " << rank << ": " << outcomes[rank].exit;
+      const std::string& report = outcomes[rank].report;
+      EXPECT_EQ(report.rfind("THREW ", 0), 0u) << c.name << " rank " << rank << ": " << report;
+      EXPECT_NE(report.find("not running the same collective"), std::string::npos) << report;
+      EXPECT_NE(report.find(std::string("rank 0 runs ") + c.rank0_runs), std::string::npos) << report;
+      EXPECT_NE(report.find(std::string("rank 1 runs ") + c.rank1_runs), std::string::npos) << report;
+    }
+    EXPECT_TRUE(leftovers(scratch.prefix).empty());
+  }
+}
+
+// A rank is SIGKILLed in a loop of large allreduces. Every other rank throws PeerError naming it
+// within 2 s, though the timeout is 30 s, and /dev/shm holds nothing of the group.
+void kill_one_rank(int world, int victim, bool reap_late) {
+  Scratch scratch;
+  std::int64_t killed_at = 0;
+  RunOptions run;
+  run.limit = 120s;
+  run.meanwhile = [&](const std::vector<pid_t>& pids) {
+    const auto deadline = Clock::now() + 60s;
+    for (int rank = 0; rank < world; ++rank) {
+      while (!file_exists(scratch.folder + "/looping-" + std::to_string(rank)) && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(random_bits(victim, world, 0) % 40));  // somewhere inside a collective
+    killed_at = now_ns();
+    ::kill(pids[victim], SIGKILL);
+    if (!reap_late) {
+      ::waitpid(pids[victim], nullptr, 0);
+      return;
+    }
+    // Reaping late leaves a zombie until the others have reported: they must see through it
+    // (kill(pid, 0) still succeeds; /proc says 'Z').
+    for (int rank = 0; rank < world; ++rank) {
+      if (rank == victim) continue;
+      while (!file_exists(scratch.folder + "/report-" + std::to_string(rank)) && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    }
+  };
+  const auto outcomes = run_ranks(world, scratch, [&](int rank) -> std::string {
+    FileRendezvous rendezvous(scratch.folder);
+    shm::Options options;
+    options.timeout = 30s;
+    options.chunk_bytes = 1 << 20;
+    shm::Communicator comm(rendezvous, scratch.prefix, rank, world, options);
+    std::vector<float> data(8 << 20, 1.0f);  // 33.6 MB
+    for (int iteration = 0; iteration < 2000; ++iteration) {
+      if (iteration == 2) write_file(scratch.folder + "/looping-" + std::to_string(rank), "");
+      try {
+        comm.allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kAvg);
+      } catch (const shm::PeerError& e) {
+        return "PeerError " + std::to_string(e.peer()) + " " + std::to_string(now_ns()) + " " + e.what();
+      }
+    }
+    return "finished the loop without an error";
+  }, run);
+  for (int rank = 0; rank < world; ++rank) {
+    if (rank == victim) continue;
+    ASSERT_TRUE(outcomes[rank].finished) << "rank " << rank << ": " << outcomes[rank].exit;
+    std::istringstream report(outcomes[rank].report);
+    std::string kind;
+    int peer = -1;
+    std::int64_t at = 0;
+    report >> kind >> peer >> at;
+    ASSERT_EQ(kind, "PeerError") << "rank " << rank << ": " << outcomes[rank].report;
+    EXPECT_EQ(peer, victim) << outcomes[rank].report;
+    EXPECT_NE(outcomes[rank].report.find("rank " + std::to_string(victim) + " (pid"), std::string::npos) << outcomes[rank].report;
+    EXPECT_NE(outcomes[rank].report.find("exited"), std::string::npos) << outcomes[rank].report;
+    EXPECT_LT(at - killed_at, 2'000'000'000) << "rank " << rank << " took " << (at - killed_at) / 1e6 << " ms: " << outcomes[rank].report;
+    std::printf("[          ] %d ranks, rank %d killed: rank %d threw after %.0f ms: %s\n", world, victim, rank, (at - killed_at) / 1e6,
+                outcomes[rank].report.substr(outcomes[rank].report.find(' ', outcomes[rank].report.find(' ', 10) + 1) + 1).c_str());
+  }
+  EXPECT_TRUE(leftovers(scratch.prefix).empty());
+}
+
+TEST(ShmCommunicator, KilledRankIsNamedAtOnceAndLeavesNothing) {
+  kill_one_rank(3, 1, false);
+  kill_one_rank(3, 0, false);
+  kill_one_rank(4, 3, false);
+}
+
+TEST(ShmCommunicator, KilledRankIsNamedWhileStillAZombie) { kill_one_rank(3, 2, true); }
+
+// A rank is frozen (SIGSTOP): the others throw PeerError naming it once the timeout passes.
+TEST(ShmCommunicator, FrozenRankIsNamedAfterTheTimeout) {
+  constexpr int kWorld = 3, kFrozen = 1;
+  constexpr auto kTimeout = 1500ms;
+  Scratch scratch;
+  std::int64_t stopped_at = 0;
+  RunOptions run;
+  run.meanwhile = [&](const std::vector<pid_t>& pids) {
+    const auto deadline = Clock::now() + 60s;
+    for (int rank = 0; rank < kWorld; ++rank) {
+      while (!file_exists(scratch.folder + "/looping-" + std::to_string(rank)) && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    }
+    stopped_at = now_ns();
+    ::kill(pids[kFrozen], SIGSTOP);
+    // Thaw and end it once the others have reported (bounded).
+    for (int rank = 0; rank < kWorld; ++rank) {
+      if (rank == kFrozen) continue;
+      while (!file_exists(scratch.folder + "/report-" + std::to_string(rank)) && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    }
+    ::kill(pids[kFrozen], SIGCONT);
+    ::kill(pids[kFrozen], SIGKILL);
+  };
+  const auto outcomes = run_ranks(kWorld, scratch, [&](int rank) -> std::string {
+    FileRendezvous rendezvous(scratch.folder);
+    shm::Options options = test_options();
+    options.timeout = kTimeout;
+    shm::Communicator comm(rendezvous, scratch.prefix, rank, kWorld, options);
+    std::vector<float> data(1 << 20, 1.0f);
+    for (int iteration = 0; iteration < 100000; ++iteration) {
+      if (iteration == 2) write_file(scratch.folder + "/looping-" + std::to_string(rank), "");
+      try {
+        comm.allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kSum);
+        std::fill(data.begin(), data.end(), 1.0f);
+      } catch (const shm::PeerError& e) {
+        return "PeerError " + std::to_string(e.peer()) + " " + std::to_string(now_ns()) + " " + e.what();
+      }
+    }
+    return "finished the loop without an error";
+  }, run);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    if (rank == kFrozen) continue;
+    ASSERT_TRUE(outcomes[rank].finished) << "rank " << rank << ": " << outcomes[rank].exit;
+    std::istringstream report(outcomes[rank].report);
+    std::string kind;
+    int peer = -1;
+    std::int64_t at = 0;
+    report >> kind >> peer >> at;
+    ASSERT_EQ(kind, "PeerError") << outcomes[rank].report;
+    EXPECT_EQ(peer, kFrozen) << outcomes[rank].report;
+    EXPECT_NE(outcomes[rank].report.find("rank 1 (pid"), std::string::npos) << outcomes[rank].report;
+    EXPECT_NE(outcomes[rank].report.find("stopped) did not arrive within 1500 ms"), std::string::npos) << outcomes[rank].report;
+    EXPECT_LT(at - stopped_at, std::chrono::nanoseconds(kTimeout + 2s).count()) << outcomes[rank].report;
+    std::printf("[          ] rank %d threw %.0f ms after the stop: %s\n", rank, (at - stopped_at) / 1e6, outcomes[rank].report.c_str());
+  }
+  EXPECT_TRUE(leftovers(scratch.prefix).empty());
+}
+
+// A rank leaves (destroys its communicator, say after an exception of its own) while its process
+// lives on: a peer waiting for it fails at once, naming it, not at the timeout.
+TEST(ShmCommunicator, RankThatClosesItsCommunicatorIsNamedAtOnce) {
+  Scratch scratch;
+  const auto outcomes = run_ranks(2, scratch, [&](int rank) -> std::string {
+    FileRendezvous rendezvous(scratch.folder);
+    auto comm = std::make_unique<shm::Communicator>(rendezvous, scratch.prefix, rank, 2, test_options());
+    std::vector<float> data(100000, 1.0f);
+    comm->allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kSum);
+    if (rank == 1) {
+      comm.reset();
+      std::this_thread::sleep_for(3s);  // alive, but gone from the group
+      return "";
+    }
+    const std::int64_t start = now_ns();
+    try {
+      comm->allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kSum);
+      return "did not throw";
+    } catch (const shm::PeerError& e) {
+      if (e.peer() != 1 || std::string(e.what()).find("rank 1 (pid") == std::string::npos ||
+          std::string(e.what()).find("closed its communicator") == std::string::npos) {
+        return std::string("wrong error: ") + e.what();
+      }
+      if (now_ns() - start > 1'000'000'000) return "took " + std::to_string((now_ns() - start) / 1000000) + " ms";
+    }
+    return "";
+  });
+  expect_all_good(outcomes);
+  EXPECT_TRUE(leftovers(scratch.prefix).empty());
+}
+
+TEST(ShmCommunicator, NothingIsLeftInDevShmAfterSetupOrDestruction) {
+  constexpr int kWorld = 3;
+  Scratch scratch;
+  const auto outcomes = run_ranks(kWorld, scratch, [&](int rank) -> std::string {
+    FileRendezvous rendezvous(scratch.folder);
+    std::string errors;
+    {
+      shm::Communicator comm(rendezvous, scratch.prefix, rank, kWorld, test_options());
+      comm.barrier();  // everyone constructed: every name is gone while the group runs
+      if (!leftovers(scratch.prefix).empty()) errors += "after setup: " + leftovers(scratch.prefix).front() + "\n";
+      std::vector<double> data(50000, 1.0);
+      comm.allreduce(data.data(), data.size(), shm::DType::kFloat64, shm::Op::kSum);
+      if (data[49999] != 3.0) errors += "wrong sum\n";
+    }
+    return errors;
+  });
+  expect_all_good(outcomes);
+  EXPECT_TRUE(leftovers(scratch.prefix).empty());
+}
+
+// Setup fails halfway: every rank throws ShmUnavailable (or, where it had already finished,
+// succeeds - the caller agrees on the fallback), and nothing of the group is left.
+TEST(ShmCommunicator, FailedSetupThrowsShmUnavailableAndLeavesNothing) {
+  constexpr int kWorld = 3;
+  // 1. A stale object holds rank 1's name.
+  {
+    Scratch scratch;
+    const std::string stale = scratch.prefix + "-1";
+    const int fd = ::shm_open(stale.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    ASSERT_GE(fd, 0);
+    ::close(fd);
+    const auto outcomes = run_ranks(kWorld, scratch, [&](int rank) -> std::string {
+      FileRendezvous rendezvous(scratch.folder, 10s);
+      try {
+        shm::Communicator comm(rendezvous, scratch.prefix, rank, kWorld, test_options());
+        return "constructed";
+      } catch (const shm::ShmUnavailable& e) {
+        return std::string("ShmUnavailable ") + e.what();
+      }
+    });
+    for (int rank = 0; rank < kWorld; ++rank) {
+      ASSERT_TRUE(outcomes[rank].finished) << outcomes[rank].exit;
+      const std::string& report = outcomes[rank].report;
+      EXPECT_EQ(report.rfind("ShmUnavailable ", 0), 0u) << report;
+      EXPECT_NE(report.find(stale), std::string::npos) << report;
+      EXPECT_NE(report.find(std::strerror(EEXIST)), std::string::npos) << report;
+      if (rank != 1) {
+        EXPECT_NE(report.find("rank 1 could not create its segment"), std::string::npos) << report;
+      }
+    }
+    EXPECT_EQ(leftovers(scratch.prefix), std::vector<std::string>{stale.substr(1)});  // the stale one only: not ours to remove
+    ::shm_unlink(stale.c_str());
+  }
+  // 2. Rank 2's rendezvous fails after it published that it mapped everything: it throws, the
+  //    others may complete.
+  // 3. Rank 2 dies (SIGKILL) right after publishing its segment, before it could remove the name:
+  //    the others time out in the rendezvous and remove the name for it.
+  for (const bool die : {false, true}) {
+    Scratch scratch;
+    class Failing : public FileRendezvous {
+     public:
+      Failing(const std::string& folder, int rank, bool die) : FileRendezvous(folder, 3s), rank_(rank), die_(die) {}
+      void set(const std::string& key, const std::string& value) override {
+        FileRendezvous::set(key, value);
+        if (die_ && rank_ == 2 && key.find("/created/") != std::string::npos) ::kill(::getpid(), SIGKILL);
+      }
+      std::string get(const std::string& key) override {
+        if (!die_ && rank_ == 2 && key.find("/mapped/") != std::string::npos) throw std::runtime_error("the store went away");
+        return FileRendezvous::get(key);
+      }
+
+     private:
+      int rank_;
+      bool die_;
+    };
+    const auto outcomes = run_ranks(kWorld, scratch, [&](int rank) -> std::string {
+      Failing rendezvous(scratch.folder, rank, die);
+      try {
+        shm::Communicator comm(rendezvous, scratch.prefix, rank, kWorld, test_options());
+        return "constructed";
+      } catch (const shm::ShmUnavailable& e) {
+        return std::string("ShmUnavailable ") + e.what();
+      }
+    });
+    for (int rank = 0; rank < kWorld; ++rank) {
+      if (die && rank == 2) {
+        EXPECT_EQ(outcomes[rank].exit, "killed by signal 9");
+        continue;
+      }
+      ASSERT_TRUE(outcomes[rank].finished) << outcomes[rank].exit;
+      if (rank == 2 || die) {
+        EXPECT_EQ(outcomes[rank].report.rfind("ShmUnavailable ", 0), 0u) << outcomes[rank].report;
+        EXPECT_NE(outcomes[rank].report.find(die ? "waiting for rank 2" : "the store went away"), std::string::npos) << outcomes[rank].report;
+      }
+    }
+    EXPECT_TRUE(leftovers(scratch.prefix).empty()) << (die ? "after a death in setup" : "after a failed rendezvous");
+  }
+}
+
+TEST(ShmCommunicator, AGroupOfOneNeedsNoSharedMemory) {
+  Scratch scratch;
+  FileRendezvous rendezvous(scratch.folder);
+  shm::Communicator comm(rendezvous, scratch.prefix, 0, 1, test_options());
+  std::vector<std::uint16_t> data = {shm::float_to_bf16(1.5f), shm::float_to_bf16(-2.0f)};
+  comm.allreduce(data.data(), data.size(), shm::DType::kBFloat16, shm::Op::kAvg);
+  EXPECT_EQ(shm::bf16_to_float(data[0]), 1.5f);
+  int piece = 7, out = 0;
+  comm.allgather(&piece, sizeof piece, &out);
+  EXPECT_EQ(out, 7);
+  comm.broadcast(&piece, sizeof piece, 0);
+  comm.barrier();
+  EXPECT_THROW(comm.allreduce(data.data(), 2, shm::DType::kInt32, shm::Op::kAvg), std::invalid_argument);
+  EXPECT_TRUE(leftovers(scratch.prefix).empty());
+}
+
+}  // namespace
