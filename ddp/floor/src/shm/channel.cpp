@@ -274,13 +274,16 @@ c10::intrusive_ptr<c10d::Work> Channel::issue(c10d::OpType type, std::vector<at:
   auto work = c10::make_intrusive<Work>(type, std::move(result));
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back([work, body = std::move(body)] {
+    queue_.push_back([work, body = std::move(body)]() mutable {
       std::exception_ptr error;
       try {
         body();
       } catch (...) {
         error = std::current_exception();
       }
+      // Drop the body's tensor references before the waiter wakes: afterwards the caller's thread
+      // owns them alone (ThreadSanitizer saw this thread's release race with the caller's free).
+      body = nullptr;
       work->complete(error);
     });
   }
