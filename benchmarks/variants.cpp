@@ -33,7 +33,11 @@ Variant local(std::shared_ptr<BenchNet> model, const Batch& batch) {
   return v;
 }
 
-Variant naive(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::ProcessGroupPtr& group) {
+// One blocking c10d allreduce per gradient. `with_check`: naive as measured before issue 23, when
+// ddp::all_reduce ran a 7-number fingerprint allgather before every allreduce (two collectives per
+// gradient): naive_check.
+Variant naive(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::ProcessGroupPtr& group,
+              bool with_check = false) {
   auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-3));
   const auto params = model->parameters();
   const double world = group->getSize();
@@ -42,13 +46,20 @@ Variant naive(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::Pr
     sgd->zero_grad();
     loss(*model, batch).backward();
     for (const auto& param : params) {
+      if (with_check) {
+        std::vector<at::Tensor> fingerprint{torch::tensor({int64_t{1}, int64_t{-1}, int64_t{6}, param.numel(),
+                                                           int64_t{-1}, int64_t{-1}, int64_t{0}})};
+        std::vector<std::vector<at::Tensor>> gathered(1);
+        for (int r = 0; r < group->getSize(); ++r) gathered[0].push_back(torch::empty_like(fingerprint[0]));
+        group->allgather(gathered, fingerprint)->wait();
+      }
       std::vector<at::Tensor> grad{param.grad()};
       group->allreduce(grad)->wait();
       grad[0].div_(world);
     }
     sgd->step();
   };
-  const auto count = static_cast<int64_t>(params.size());
+  const auto count = static_cast<int64_t>((with_check ? 2 : 1) * params.size());
   v.collectives = [count] { return count; };
   return v;
 }
@@ -74,33 +85,6 @@ Variant naive_flat(std::shared_ptr<BenchNet> model, const Batch& batch, const dd
     sgd->step();
   };
   v.collectives = [] { return int64_t{1}; };
-  return v;
-}
-
-// naive as measured before issue 23: ddp::all_reduce then ran a 7-number fingerprint allgather
-// before every allreduce, so "naive" ran two collectives per gradient. The same work, here.
-Variant naive_check(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::ProcessGroupPtr& group) {
-  auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-3));
-  const auto params = model->parameters();
-  const double world = group->getSize();
-  Variant v;
-  v.step = [=] {
-    sgd->zero_grad();
-    loss(*model, batch).backward();
-    for (const auto& param : params) {
-      std::vector<at::Tensor> fingerprint{torch::tensor({int64_t{1}, int64_t{-1}, int64_t{6}, param.numel(),
-                                                         int64_t{-1}, int64_t{-1}, int64_t{0}})};
-      std::vector<std::vector<at::Tensor>> gathered(1);
-      for (int r = 0; r < group->getSize(); ++r) gathered[0].push_back(torch::empty_like(fingerprint[0]));
-      group->allgather(gathered, fingerprint)->wait();
-      std::vector<at::Tensor> grad{param.grad()};
-      group->allreduce(grad)->wait();
-      grad[0].div_(world);
-    }
-    sgd->step();
-  };
-  const auto count = static_cast<int64_t>(2 * params.size());
-  v.collectives = [count] { return count; };
   return v;
 }
 
@@ -289,7 +273,7 @@ Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, c
     case Kind::local: v = local(model, batch); break;
     case Kind::naive: v = naive(model, batch, groups.gloo); break;
     case Kind::naive_flat: v = naive_flat(model, batch, groups.gloo); break;
-    case Kind::naive_check: v = naive_check(model, batch, groups.gloo); break;
+    case Kind::naive_check: v = naive(model, batch, groups.gloo, /*with_check=*/true); break;
     case Kind::reducer:
     case Kind::reducer_fp16:
       v = reducer(model, batch, groups.gloo, spec.bucket_cap_mb, spec.kind == Kind::reducer_fp16);

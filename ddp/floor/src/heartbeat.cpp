@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "error_text.h"
+#include "store_text.h"
 #include "text.h"
 
 namespace ddp::detail {
@@ -89,7 +90,7 @@ class Heartbeat {
           std::to_string(++beat) + " " + (g_collectives_waiting.load(std::memory_order_relaxed) > 0 ? "1" : "0");
       lock.unlock();
       try {
-        store->set(key_of(rank_), std::vector<uint8_t>(value.begin(), value.end()));
+        store->set(key_of(rank_), bytes_of(value));
       } catch (const std::exception& error) {  // kept for the report; the collectives will fail on their own
         std::lock_guard<std::mutex> problem_lock(mutex_);
         problem_ = error_text(error);
@@ -108,7 +109,7 @@ class Heartbeat {
     for (int r = 0; r < world_size_; ++r) {
       if (r == rank_ || !store.check({key_of(r)})) continue;
       const auto bytes = store.get(key_of(r));
-      std::istringstream fields(std::string(bytes.begin(), bytes.end()));
+      std::istringstream fields(text_of(bytes));
       Beat beat;
       int waiting = 0;
       if (fields >> beat.count >> waiting) {

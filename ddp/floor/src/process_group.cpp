@@ -26,6 +26,7 @@
 #include "error_text.h"
 #include "heartbeat.h"
 #include "parse_int.h"
+#include "store_text.h"
 #include "text.h"
 #include <ddp/launch_environment.h>
 
@@ -109,8 +110,8 @@ struct Arrival {
   bool check_identity = false;  // steps 1-3
 };
 
-std::vector<uint8_t> bytes_of(const std::string& text) { return {text.begin(), text.end()}; }
-std::string text_of(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+using detail::bytes_of;
+using detail::text_of;
 
 [[noreturn]] void refuse(c10d::Store& store, const Arrival& me, const std::string& message) {
   const std::string full = "ddp::init_process_group: " + message;

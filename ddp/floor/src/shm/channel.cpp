@@ -42,34 +42,22 @@ c10::intrusive_ptr<c10d::Work> Channel::barrier() { DDP_NO_SHM_CHANNEL("barrier"
 #include <ATen/core/ivalue.h>
 
 #include "error_text.h"
+#include "store_text.h"
 #include "shm/communicator.h"
 
 namespace ddp::detail::shm {
 namespace {
 
-// The Communicator's rendezvous over the group's c10d store.
+// The Communicator's rendezvous over the group's c10d store, and the handshake's own keys.
 class StoreRendezvous final : public Rendezvous {
  public:
   explicit StoreRendezvous(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
-  void set(const std::string& key, const std::string& value) override {
-    store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
-  }
-  std::string get(const std::string& key) override {
-    const std::vector<uint8_t> value = store_->get(key);  // throws on the store's timeout
-    return std::string(value.begin(), value.end());
-  }
+  void set(const std::string& key, const std::string& value) override { store_->set(key, bytes_of(value)); }
+  std::string get(const std::string& key) override { return text_of(store_->get(key)); }  // throws on timeout
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;
 };
-
-std::string get_text(c10d::Store& store, const std::string& key) {
-  const std::vector<uint8_t> value = store.get(key);
-  return std::string(value.begin(), value.end());
-}
-void set_text(c10d::Store& store, const std::string& key, const std::string& value) {
-  store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
-}
 
 // What two processes must share to map each other's segments: the host (name and boot), and the
 // /dev/shm mount (a container or namespace with its own has another device or inode).
@@ -155,13 +143,14 @@ class Channel::Work final : public c10d::Work {
 std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                        std::chrono::milliseconds timeout, const std::string& run_id, bool wanted) {
   if (size < 2) return nullptr;  // nothing to share
+  StoreRendezvous keys(store);
   // 1. Where each rank runs, and whether it wants shared memory: the same answer on every rank.
   const std::string where = wanted && environment_allows() ? host_identity() : "";
-  set_text(*store, "where/" + std::to_string(rank), where.empty() ? "off" : "on " + where);
+  keys.set("where/" + std::to_string(rank), where.empty() ? "off" : "on " + where);
   std::string first;
   bool serves = !where.empty();
   for (int r = 0; r < size; ++r) {
-    const std::string theirs = get_text(*store, "where/" + std::to_string(r));
+    const std::string theirs = keys.get("where/" + std::to_string(r));
     if (r == 0) first = theirs;
     serves = serves && theirs != "off" && theirs == first;
   }
@@ -170,24 +159,23 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& st
   // 2. Segment names no other job or group can meet: the run id and a nonce rank 0 draws.
   if (rank == 0) {
     std::random_device random;
-    set_text(*store, "nonce", std::to_string(random()) + std::to_string(random()));
+    keys.set("nonce", std::to_string(random()) + std::to_string(random()));
   }
-  const std::string prefix = "/torchddp-" + short_run_id(run_id) + "-" + get_text(*store, "nonce").substr(0, 12);
+  const std::string prefix = "/torchddp-" + short_run_id(run_id) + "-" + keys.get("nonce").substr(0, 12);
 
   // 3. Set up, then agree: a rank may fail after a peer succeeded, and all must use one transport.
   std::unique_ptr<Communicator> communicator;
   std::string failure;
   try {
-    StoreRendezvous rendezvous(store);
     Options options;
     options.timeout = timeout;
-    communicator = std::make_unique<Communicator>(rendezvous, prefix, rank, size, options);
+    communicator = std::make_unique<Communicator>(keys, prefix, rank, size, options);
   } catch (const std::exception& error) {
     failure = error_text(error);
   }
-  set_text(*store, "setup/" + std::to_string(rank), failure.empty() ? "ok" : failure);
+  keys.set("setup/" + std::to_string(rank), failure.empty() ? "ok" : failure);
   for (int r = 0; r < size; ++r) {
-    const std::string theirs = get_text(*store, "setup/" + std::to_string(r));
+    const std::string theirs = keys.get("setup/" + std::to_string(r));
     if (theirs == "ok") continue;
     if (r == rank || (rank == 0 && failure.empty())) {
       std::fprintf(stderr, "[torchddp] shared memory does not serve this group (rank %d: %s); its collectives use "
