@@ -81,10 +81,11 @@ struct Communicator::Descriptor {
   DType dtype = DType::kUInt8;
   Op op = Op::kSum;
   std::int32_t root = -1;
+  double scale = 1.0;          // allreduce: what the sum is multiplied by
 
   bool operator==(const Descriptor& other) const {
     return sequence == other.sequence && kind == other.kind && count == other.count && dtype == other.dtype && op == other.op &&
-           root == other.root;
+           root == other.root && scale == other.scale;
   }
 };
 
@@ -427,8 +428,15 @@ const Communicator::Descriptor& Communicator::current() const { return peers_[ra
 std::string Communicator::describe(const Descriptor& d) const {
   const std::string number = " #" + std::to_string(d.sequence);
   switch (d.kind) {
-    case Kind::kAllreduce:
-      return "allreduce" + number + " (" + std::to_string(d.count) + " x " + dtype_name(d.dtype) + ", " + op_name(d.op) + ")";
+    case Kind::kAllreduce: {
+      std::string op = op_name(d.op);
+      if (d.scale != 1.0) {
+        std::ostringstream factor;
+        factor << " x " << d.scale;
+        op += factor.str();
+      }
+      return "allreduce" + number + " (" + std::to_string(d.count) + " x " + dtype_name(d.dtype) + ", " + op + ")";
+    }
     case Kind::kBroadcast: return "broadcast" + number + " (" + std::to_string(d.count) + " bytes from rank " + std::to_string(d.root) + ")";
     case Kind::kAllgather: return "allgather" + number + " (" + std::to_string(d.count) + " bytes per rank)";
     case Kind::kBarrier: return "barrier" + number;
@@ -441,50 +449,92 @@ unsigned char* Communicator::buffer(int rank, int index) const { return peers_[r
 // --- The collectives -----------------------------------------------------------------------------
 
 void Communicator::allreduce(void* data, std::size_t count, DType dtype, Op op) {
+  allreduce(std::vector<Span>{{data, count}}, dtype, op);
+}
+
+void Communicator::allreduce(const std::vector<Span>& spans, DType dtype, Op op, double scale) {
   if (!supported(dtype, op)) {
     throw std::invalid_argument(std::string("shm::Communicator::allreduce: ") + op_name(op) + " of " + dtype_name(dtype) +
                                 " is not supported");
   }
+  if (scale != 1.0 && !scales(dtype, op)) {
+    throw std::invalid_argument(std::string("shm::Communicator::allreduce: ") + op_name(op) + " of " + dtype_name(dtype) +
+                                " cannot be scaled");
+  }
   if (error_) throw *error_;
-  if (size_ == 1) return;  // the reduction of one tensor is itself (AVG divides by 1)
+  std::size_t count = 0;
+  for (const Span& span : spans) count += span.count;
+  if (size_ == 1) {  // the reduction of one array is itself (AVG divides by 1), scaled
+    if (scale != 1.0) {
+      for (const Span& span : spans) {
+        const void* source = span.data;
+        reduce_into(span.data, &source, 1, span.count, dtype, op, scale);
+      }
+    }
+    return;
+  }
   Descriptor descriptor;
   descriptor.kind = Kind::kAllreduce;
   descriptor.count = count;
   descriptor.dtype = dtype;
   descriptor.op = op;
+  descriptor.scale = scale;
   run(descriptor, [&] {
-    // Two ranks, or a small tensor: every rank reduces everything (see allreduce_direct). Otherwise
+    // Two ranks, or a small array: every rank reduces everything (see allreduce_direct). Otherwise
     // each reduces only its slice, and copies the others' slices.
     if (size_ == 2 || count * dtype_size(dtype) <= options_.one_step_bytes) {
-      allreduce_direct(static_cast<unsigned char*>(data), count, dtype, op);
+      allreduce_direct(spans, count, dtype, op, scale);
     } else {
-      allreduce_sliced(static_cast<unsigned char*>(data), count, dtype, op);
+      allreduce_sliced(spans, count, dtype, op, scale);
     }
   });
 }
+
+namespace {
+// Calls part(pointer, at, n) for each piece of elements [first, first + count) of the spans taken
+// as one array, in order: `pointer` is the piece's first byte, `at` its index counted from `first`.
+template <typename Part>
+void for_each_piece(const std::vector<Span>& spans, std::size_t element, std::size_t first, std::size_t count, Part&& part) {
+  const std::size_t last = first + count;
+  std::size_t begin = 0;  // the current span's first element in the whole array
+  for (const Span& span : spans) {
+    const std::size_t end = begin + span.count;
+    if (span.count > 0 && end > first && begin < last) {
+      const std::size_t from = std::max(begin, first), to = std::min(end, last);
+      part(static_cast<unsigned char*>(span.data) + (from - begin) * element, from - first, to - from);
+    }
+    if (end >= last) return;
+    begin = end;
+  }
+}
+}  // namespace
 
 // Every rank reduces the whole chunk from all buffers straight into its output: one round trip
 // per chunk and no copy out. Each element is read W times instead of about twice, which pays at
 // two ranks (5 passes over the chunk per rank instead of 5.5) and for tensors of a few KiB (the
 // second round trip costs more than the extra reads).
-void Communicator::allreduce_direct(unsigned char* data, std::size_t count, DType dtype, Op op) {
+void Communicator::allreduce_direct(const std::vector<Span>& spans, std::size_t count, DType dtype, Op op, double scale) {
   const std::size_t element = dtype_size(dtype);
   const std::size_t chunk_elements = options_.chunk_bytes / element;
   const std::size_t chunks = std::max<std::size_t>(1, (count + chunk_elements - 1) / chunk_elements);
   for (std::size_t k = 0; k < chunks; ++k) {
-    const std::size_t n = std::min(chunk_elements, count - k * chunk_elements);
-    unsigned char* mine = data + k * chunk_elements * element;
+    const std::size_t first = k * chunk_elements, n = std::min(chunk_elements, count - first);
     // 1. Copy my chunk into a free buffer of mine (the other one may still be read by peers that are
     //    on the previous chunk); post: the peers may read it.
     const int b = acquire_buffer({"the peers to finish reading this buffer", k, chunks}, true);
-    if (n > 0) copy_bytes(buffer(rank_, b), mine, n * element);
+    unsigned char* staged = buffer(rank_, b);
+    for_each_piece(spans, element, first, n, [&](unsigned char* piece, std::size_t at, std::size_t len) {
+      copy_bytes(staged + at * element, piece, len * element);
+    });
     post();
     // 2. Once every peer's chunk is in: reduce all of them, in rank order, into my output (mine read
     //    in place: the same bytes as my buffer's copy). Every rank reduces the same bytes in the same
     //    order: the same bits everywhere.
     wait_all(posted_, {"the peers' chunks", k, chunks});
-    for (int q = 0; q < size_; ++q) sources_[q] = q == rank_ ? mine : buffer(q, b);
-    reduce_into(mine, sources_.data(), size_, n, dtype, op);
+    for_each_piece(spans, element, first, n, [&](unsigned char* piece, std::size_t at, std::size_t len) {
+      for (int q = 0; q < size_; ++q) sources_[q] = q == rank_ ? piece : buffer(q, b) + at * element;
+      reduce_into(piece, sources_.data(), size_, len, dtype, op, scale);
+    });
     // 3. Post that I am done reading the peers' buffers.
     post();
     release_buffer(b);
@@ -500,31 +550,36 @@ std::pair<std::size_t, std::size_t> Communicator::slice(int rank, std::size_t n,
   return {cut(rank), cut(rank + 1)};
 }
 
-void Communicator::allreduce_sliced(unsigned char* data, std::size_t count, DType dtype, Op op) {
+void Communicator::allreduce_sliced(const std::vector<Span>& spans, std::size_t count, DType dtype, Op op, double scale) {
   const std::size_t element = dtype_size(dtype);
   const std::size_t chunk_elements = options_.chunk_bytes / element;
   const std::size_t chunks = (count + chunk_elements - 1) / chunk_elements;
   for (std::size_t k = 0; k < chunks; ++k) {
-    const std::size_t n = std::min(chunk_elements, count - k * chunk_elements);
-    unsigned char* mine = data + k * chunk_elements * element;
+    const std::size_t first = k * chunk_elements, n = std::min(chunk_elements, count - first);
     // 1. Copy my chunk into a free buffer of mine (the other one may still be read by peers that are
     //    on the previous chunk); post: the peers may read it.
     const int b = acquire_buffer({"the peers to finish reading this buffer", k, chunks}, true);
-    copy_bytes(buffer(rank_, b), mine, n * element);
+    unsigned char* staged = buffer(rank_, b);
+    for_each_piece(spans, element, first, n, [&](unsigned char* piece, std::size_t at, std::size_t len) {
+      copy_bytes(staged + at * element, piece, len * element);
+    });
     post();
     // 2. Once every peer's chunk is in: reduce my slice from all W buffers, in rank order, into my
     //    own buffer's slice (reduce_into reads a block of every source before writing it); post.
     wait_all(posted_, {"the peers' chunks", k, chunks});
     const auto [begin, end] = slice(rank_, n, element);
     for (int q = 0; q < size_; ++q) sources_[q] = buffer(q, b) + begin * element;
-    reduce_into(buffer(rank_, b) + begin * element, sources_.data(), size_, end - begin, dtype, op);
+    reduce_into(staged + begin * element, sources_.data(), size_, end - begin, dtype, op, scale);
     post();
     // 3. Once every slice is reduced: copy each from its owner's buffer into my output; post that I
     //    am done reading the peers' buffers.
     wait_all(posted_, {"the peers' reduced slices", k, chunks});
     for (int q = 0; q < size_; ++q) {
-      const auto [first, last] = slice(q, n, element);
-      if (last > first) copy_bytes(mine + first * element, buffer(q, b) + first * element, (last - first) * element);
+      const auto [from, to] = slice(q, n, element);
+      const unsigned char* reduced = buffer(q, b) + from * element;
+      for_each_piece(spans, element, first + from, to - from, [&](unsigned char* piece, std::size_t at, std::size_t len) {
+        copy_bytes(piece, reduced + at * element, len * element);
+      });
     }
     post();
     release_buffer(b);

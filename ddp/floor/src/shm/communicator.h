@@ -73,6 +73,12 @@ class PeerError : public std::runtime_error {
   int peer_;
 };
 
+// `count` elements of the collective's dtype at `data`.
+struct Span {
+  void* data;
+  std::size_t count;
+};
+
 struct Options {
   // Longest wait for any one step of a peer (a frozen peer fails the collective after this long).
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
@@ -111,6 +117,12 @@ class Communicator {
   // bit-identical on every rank. Throws std::invalid_argument (before communicating, leaving the
   // communicator usable) for an unsupported dtype/op pair (AVG of integers).
   void allreduce(void* data, std::size_t count, DType dtype, Op op);
+  // The same over several pieces of memory taken as one array, in order (a rank's pieces may be
+  // cut differently from a peer's: only the total counts): DDP reduces a bucket's gradients where
+  // they are, without gathering them into one tensor first. `scale` (SUM of floating types only;
+  // see reduce_into) multiplies the sum before it is stored; it is part of the collective, so
+  // ranks that would average differently fail the desync check instead of diverging.
+  void allreduce(const std::vector<Span>& spans, DType dtype, Op op, double scale = 1.0);
   // `bytes` bytes from rank `root`'s data into everyone's. Throws std::invalid_argument (before
   // communicating) for a root that is not a rank.
   void broadcast(void* data, std::size_t bytes, int root);
@@ -156,8 +168,8 @@ class Communicator {
   void fail(const PeerError& error) noexcept;
   std::string describe(const Descriptor& descriptor) const;
 
-  void allreduce_direct(unsigned char* data, std::size_t count, DType dtype, Op op);
-  void allreduce_sliced(unsigned char* data, std::size_t count, DType dtype, Op op);
+  void allreduce_direct(const std::vector<Span>& spans, std::size_t count, DType dtype, Op op, double scale);
+  void allreduce_sliced(const std::vector<Span>& spans, std::size_t count, DType dtype, Op op, double scale);
 
   Options options_;
   int rank_;

@@ -22,6 +22,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -362,13 +363,35 @@ std::int64_t wrap(const Format& format, std::uint64_t x) {
 
 // Allreduces one test tensor of `count` elements on this rank and checks it against the
 // reference over all ranks' inputs. Returns "" or what went wrong; appends the result's hash.
+// With `scattered`, the tensor is handed over as pieces in separate allocations, cut differently
+// on every rank (sizes 0 to 2 chunks), and the result is the sum times `scale`.
 std::string check_allreduce(shm::Communicator& comm, const Format& format, shm::Op op, std::size_t count, std::uint64_t seed,
-                            std::string& hashes) {
+                            std::string& hashes, bool scattered = false, double scale = 1.0) {
   const int world = comm.size();
   const std::size_t element = shm::dtype_size(format.dtype);
   std::vector<unsigned char> mine(std::max<std::size_t>(1, count * element)), scratch(mine.size());
   for (std::size_t i = 0; i < count; ++i) make_element(format, op, seed, comm.rank(), i, mine.data());
-  comm.allreduce(mine.data(), count, format.dtype, op);
+  if (!scattered) {
+    comm.allreduce(mine.data(), count, format.dtype, op);
+  } else {
+    std::mt19937_64 cuts(seed * 131 + static_cast<std::uint64_t>(comm.rank()));
+    const std::size_t chunk = comm.options().chunk_bytes / element;
+    std::vector<std::vector<unsigned char>> pieces;
+    std::vector<shm::Span> spans;
+    for (std::size_t done = 0; done < count || pieces.empty();) {
+      const std::size_t n = std::min<std::size_t>(count - done, cuts() % 3 == 0 ? 0 : cuts() % (2 * chunk + 1));
+      pieces.emplace_back(mine.begin() + done * element, mine.begin() + (done + n) * element);
+      pieces.back().reserve(1);  // a real allocation even for an empty piece
+      spans.push_back({pieces.back().data(), n});
+      done += n;
+    }
+    comm.allreduce(spans, format.dtype, op, scale);
+    std::size_t done = 0;
+    for (const auto& piece : pieces) {
+      std::copy(piece.begin(), piece.end(), mine.begin() + done * element);
+      done += piece.size() / element;
+    }
+  }
 
   std::ostringstream errors;
   int shown = 0;
@@ -394,6 +417,8 @@ std::string check_allreduce(shm::Communicator& comm, const Format& format, shm::
         reference /= world;
         magnitude /= world;
       }
+      reference *= scale;  // one more rounding in the accumulation type, covered by the (world + 1) below
+      magnitude *= scale;
       if (op == shm::Op::kProduct) magnitude = std::fabs(reference);
       const double got = stored_value(format, mine.data(), i);
       // MAX and MIN pick an input exactly. Otherwise: one rounding to the stored format (half a unit
@@ -431,7 +456,8 @@ std::string check_allreduce(shm::Communicator& comm, const Format& format, shm::
       }
     }
   }
-  const std::string what = std::string(shm::dtype_name(format.dtype)) + " " + shm::op_name(op) + " x " + std::to_string(count);
+  const std::string what = std::string(shm::dtype_name(format.dtype)) + " " + shm::op_name(op) + " x " + std::to_string(count) +
+                           (scattered ? " in pieces, scaled by " + std::to_string(scale) : "");
   hashes += "HASH " + what + " " + std::to_string(fnv1a(mine.data(), count * element)) + "\n";
   return errors.str().empty() ? "" : what + " at " + std::to_string(world) + " ranks:\n" + errors.str();
 }
@@ -630,6 +656,12 @@ std::string numerics_body(int rank, int world, const Scratch& scratch) {
       if (!shm::supported(format.dtype, op)) continue;
       for (const std::size_t count : sizes) errors += check_allreduce(comm, format, op, count, seed++, hashes);
     }
+    // DDP's way: a bucket's gradients where they lie, summed and scaled by 1/world in one pass.
+    if (format.floating) {
+      for (const std::size_t count : sizes) {
+        errors += check_allreduce(comm, format, shm::Op::kSum, count, seed++, hashes, true, 1.0 / world);
+      }
+    }
   }
   // The reports carry the hashes, so the parent can check that every rank got the same bits.
   return errors + (errors.empty() ? "" : "\n") + hashes;
@@ -809,6 +841,12 @@ TEST(ShmCommunicator, MismatchedCollectivesThrowOnEveryRank) {
          if (rank == 0) comm.barrier(); else comm.allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kMax);
        },
        "barrier #1", "allreduce #1 (300000 x float32, MAX)"},
+      {"scales",  // two ranks averaging over different numbers of ranks
+       [](shm::Communicator& comm, int rank) {
+         std::vector<float> data(10, 1.0f);
+         comm.allreduce({{data.data(), 4}, {data.data() + 4, 6}}, shm::DType::kFloat32, shm::Op::kSum, rank == 0 ? 0.5 : 1.0);
+       },
+       "allreduce #1 (10 x float32, SUM x 0.5)", "allreduce #1 (10 x float32, SUM)"},
   };
   for (const Case& c : cases) {
     Scratch scratch;

@@ -185,13 +185,17 @@ struct Same {
 // Floating formats. MAX/MIN: NaN wins (a != a only for NaN), otherwise the larger/smaller; written
 // as selects, which vectorize.
 template <typename Format>
-void reduce_floating(void* dst, const void* const* srcs, int nsrc, std::size_t count, Op op) {
+void reduce_floating(void* dst, const void* const* srcs, int nsrc, std::size_t count, Op op, double scale) {
   using Acc = typename Format::Acc;
   auto* out = static_cast<typename Format::Stored*>(dst);
   const auto* in = reinterpret_cast<const typename Format::Stored* const*>(srcs);
   const auto sum = [](Acc a, Acc b) { return a + b; };
   switch (op) {
-    case Op::kSum: return reduce_blocks<Format>(out, in, nsrc, count, sum, Same{});
+    case Op::kSum: {
+      if (scale == 1.0) return reduce_blocks<Format>(out, in, nsrc, count, sum, Same{});
+      const Acc factor = static_cast<Acc>(scale);
+      return reduce_blocks<Format>(out, in, nsrc, count, sum, [factor](Acc a) { return a * factor; });
+    }
     case Op::kAvg: {
       const Acc n = static_cast<Acc>(nsrc);
       return reduce_blocks<Format>(out, in, nsrc, count, sum, [n](Acc a) { return a / n; });
@@ -278,17 +282,24 @@ bool supported(DType dtype, Op op) {
   return known_dtype && known_op && !(integer && op == Op::kAvg);
 }
 
-void reduce_into(void* dst, const void* const* srcs, int nsrc, std::size_t count, DType dtype, Op op) {
+bool scales(DType dtype, Op op) {
+  return op == Op::kSum && supported(dtype, Op::kAvg);  // the floating types
+}
+
+void reduce_into(void* dst, const void* const* srcs, int nsrc, std::size_t count, DType dtype, Op op, double scale) {
   if (!supported(dtype, op)) {
     throw std::invalid_argument(std::string("reduce_into: ") + op_name(op) + " of " + dtype_name(dtype) + " is not supported");
+  }
+  if (scale != 1.0 && !scales(dtype, op)) {
+    throw std::invalid_argument(std::string("reduce_into: ") + op_name(op) + " of " + dtype_name(dtype) + " cannot be scaled");
   }
   if (nsrc < 1) throw std::invalid_argument("reduce_into: needs at least one source");
   if (count == 0) return;
   switch (dtype) {
-    case DType::kFloat32: return reduce_floating<Native<float>>(dst, srcs, nsrc, count, op);
-    case DType::kFloat64: return reduce_floating<Native<double>>(dst, srcs, nsrc, count, op);
-    case DType::kBFloat16: return reduce_floating<BFloat16>(dst, srcs, nsrc, count, op);
-    case DType::kFloat16: return reduce_floating<Float16>(dst, srcs, nsrc, count, op);
+    case DType::kFloat32: return reduce_floating<Native<float>>(dst, srcs, nsrc, count, op, scale);
+    case DType::kFloat64: return reduce_floating<Native<double>>(dst, srcs, nsrc, count, op, scale);
+    case DType::kBFloat16: return reduce_floating<BFloat16>(dst, srcs, nsrc, count, op, scale);
+    case DType::kFloat16: return reduce_floating<Float16>(dst, srcs, nsrc, count, op, scale);
     case DType::kInt32: return reduce_integer<std::int32_t, std::uint32_t>(dst, srcs, nsrc, count, op);
     case DType::kInt64: return reduce_integer<std::int64_t, std::uint64_t>(dst, srcs, nsrc, count, op);
     case DType::kUInt8: return reduce_integer<std::uint8_t, unsigned>(dst, srcs, nsrc, count, op);

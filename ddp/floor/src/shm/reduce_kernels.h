@@ -23,11 +23,15 @@ const char* dtype_name(DType dtype);  // "float32", ...
 const char* op_name(Op op);           // "SUM", ...
 // Whether reduce_into() handles the pair (all but AVG of integers).
 bool supported(DType dtype, Op op);
+// Whether reduce_into() takes a scale other than 1 for the pair: SUM of the floating types.
+bool scales(DType dtype, Op op);
 
 // Reduces `count` elements of each of the `nsrc` (>= 1) arrays `srcs` into `dst`. `dst` may be one
 // of the sources exactly (the same pointer); otherwise no two arrays may overlap. Elements need
-// their type's alignment. Throws std::invalid_argument for an unsupported pair.
-void reduce_into(void* dst, const void* const* srcs, int nsrc, std::size_t count, DType dtype, Op op);
+// their type's alignment. A `scale` other than 1 multiplies a floating SUM in the accumulating
+// type before it is stored (DDP's 1/world: the average in the same pass, rounded once more).
+// Throws std::invalid_argument for an unsupported pair, or a scale the pair does not take.
+void reduce_into(void* dst, const void* const* srcs, int nsrc, std::size_t count, DType dtype, Op op, double scale = 1.0);
 
 // memcpy(dst, src, bytes) for the collectives' copies into and out of shared memory (the two
 // ranges must not overlap). glibc's memcpy copies such sizes with "rep movsb", which on AMD Zen
