@@ -105,6 +105,14 @@ std::string DDPCore::describe(const DDPLoggingData& data) {
   return line;
 }
 
+namespace {
+// What gradients are averaged over in an iteration under ddp::Join: the world, or with
+// divide_by_initial_world_size(false) the ranks still training.
+int divisor_under_join(const Join& join, const JoinStatus& status, int world) {
+  return join.options().divide_by_initial_world_size() ? world : static_cast<int>(status.active.size());
+}
+}  // namespace
+
 DDPCore::~DDPCore() = default;
 
 void DDPCore::before_forward() {
@@ -116,7 +124,7 @@ void DDPCore::before_forward() {
     const bool sync = require_sync_ && at::GradMode::is_enabled();
     const JoinStatus& status = join_->notify(join_index_, sync);
     source = status.authoritative_rank();
-    if (!join_->options().divide_by_initial_world_size()) divisor = static_cast<int>(status.active.size());
+    divisor = divisor_under_join(*join_, status, divisor);
   }
   ran_under_join_ = join_ != nullptr;
   impl_->reducer->set_divisor(divisor);
@@ -158,6 +166,9 @@ void DDPCore::join_attach(Join* join, size_t index) {
 // One iteration of the other ranks, on a rank that ran out of inputs: the same collectives as
 // before_forward and backward, in the same order, contributing nothing.
 void DDPCore::join_shadow(const JoinStatus& status) {
+  // The active ranks' divisor: where buckets are reduced in place, the scale is part of the
+  // collective (the zeros this rank contributes are the same either way).
+  impl_->reducer->set_divisor(divisor_under_join(*join_, status, impl_->group->getSize()));
   impl_->reducer->prepare_for_forward();  // the one bucket rebuild, in the iteration the others do it
   if (impl_->buffer_broadcaster) impl_->buffer_broadcaster->broadcast_from(status.authoritative_rank());
   if (status.sync) impl_->reducer->shadow_backward();

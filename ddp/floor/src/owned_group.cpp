@@ -22,8 +22,24 @@ std::string OwnedGroup::transport() const { return inner_->getBackendName() + (s
 
 c10::intrusive_ptr<c10d::Work> OwnedGroup::allreduce(std::vector<at::Tensor>& tensors,
                                                      const c10d::AllreduceOptions& opts) {
-  if (shm_ && shm_->serves_allreduce(tensors, opts.reduceOp)) return shm_->allreduce(tensors, opts.reduceOp);
+  // Several tensors here mean one per device (c10d's old multi-device form): Gloo's business.
+  if (shm_ && tensors.size() == 1 && shm_->serves_allreduce(tensors, opts.reduceOp)) {
+    return shm_->allreduce(tensors, opts.reduceOp);
+  }
   return inner_->allreduce(tensors, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> OwnedGroup::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                               const c10d::AllreduceCoalescedOptions& opts) {
+  if (shm_ && shm_->serves_allreduce(tensors, opts.reduceOp)) return shm_->allreduce(tensors, opts.reduceOp);
+  return inner_->allreduce_coalesced(tensors, opts);
+}
+
+bool OwnedGroup::sums_in_place(const at::Tensor& like) const { return shm_ && shm_->serves_scaled_sum({like}); }
+
+c10::intrusive_ptr<c10d::Work> OwnedGroup::start_scaled_sum(std::vector<at::Tensor>& tensors, double scale) {
+  TORCH_INTERNAL_ASSERT(shm_ && shm_->serves_scaled_sum(tensors), "start_scaled_sum on a group or tensors it does not serve");
+  return shm_->allreduce(tensors, c10d::ReduceOp::SUM, scale);
 }
 
 c10::intrusive_ptr<c10d::Work> OwnedGroup::broadcast(std::vector<at::Tensor>& tensors,
@@ -46,10 +62,6 @@ c10::intrusive_ptr<c10d::Work> OwnedGroup::barrier(const c10d::BarrierOptions& o
 
 // --- everything else: the backend's group --------------------------------------------------------
 
-c10::intrusive_ptr<c10d::Work> OwnedGroup::allreduce_coalesced(std::vector<at::Tensor>& tensors,
-                                                               const c10d::AllreduceCoalescedOptions& opts) {
-  return inner_->allreduce_coalesced(tensors, opts);
-}
 c10::intrusive_ptr<c10d::Work> OwnedGroup::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   return inner_->reduce(tensors, opts);
 }

@@ -3,7 +3,7 @@
 // split_off make is an OwnedGroup around the backend's own group (Gloo or NCCL). It carries what
 // the library must know of a group - how it was made (so DDP can split off a group of its own),
 // its timeout, its Gloo device - and, for a Gloo group whose ranks all share one host, the
-// shared-memory channel (shm/channel.h) that runs its CPU allreduce, broadcast, allgather and
+// shared-memory channel (shm/channel.h) that runs its CPU allreduce (also coalesced), broadcast, allgather and
 // barrier without TCP. Everything else forwards to the backend's group unchanged.
 //
 // 1.13: an OwnedGroup is the c10d::ProcessGroup itself. 2.x: it is the c10d::Backend the
@@ -55,6 +55,14 @@ class OwnedGroup final : public compat::CollectiveBackend {
   std::string transport() const;
   // The n-th group split off this one (0, 1, ...): every rank splits in the same order.
   int next_split() { return splits_.fetch_add(1); }
+
+  // DDP's bucket reduction where the gradients lie (no copy into a flat bucket and back): whether
+  // the shared-memory channel takes a list of tensors like `like` (dense CPU, floating), and then
+  // the collective - every tensor becomes its part of the sum over the ranks of the list taken as
+  // one array, times `scale`, in the same pass. Every rank passes lists of the same total length
+  // and the same scale (the desync check names a rank that does not).
+  bool sums_in_place(const at::Tensor& like) const;
+  c10::intrusive_ptr<c10d::Work> start_scaled_sum(std::vector<at::Tensor>& tensors, double scale);
 
   // --- c10d: the shared-memory channel where it serves, else the backend's group -------------
   const std::string getBackendName() const override { return inner_->getBackendName(); }

@@ -9,6 +9,7 @@
 #include <ddp/wait_collective.h>
 #include "backends.h"
 #include "compat.h"
+#include "owned_group.h"
 
 namespace ddp {
 
@@ -117,14 +118,21 @@ bool reduces_bfloat16(const ProcessGroupPtr& group) {
 
 }  // namespace
 
-FuturePtr allreduce_future(const ProcessGroupPtr& group, at::Tensor tensor) {
-  std::vector<at::Tensor> tensors{tensor};
-  return group->allreduce(tensors)->getFuture()->then(
+namespace {
+// A future of `tensor` that completes when `work` does, with its error.
+FuturePtr tensor_when_done(const c10::intrusive_ptr<c10d::Work>& work, at::Tensor tensor) {
+  return work->getFuture()->then(
       [tensor](c10::ivalue::Future& done) {
         done.value();  // rethrows the collective's error
         return c10::IValue(tensor);
       },
       c10::TensorType::get());
+}
+}  // namespace
+
+FuturePtr allreduce_future(const ProcessGroupPtr& group, at::Tensor tensor) {
+  std::vector<at::Tensor> tensors{tensor};
+  return tensor_when_done(group->allreduce(tensors), tensor);
 }
 
 FuturePtr completed_future(at::Tensor tensor) {
@@ -136,9 +144,15 @@ FuturePtr completed_future(at::Tensor tensor) {
 CommHook allreduce() {
   return CommHook(
       [](GradBucket& bucket) {
-        // The same arithmetic as DDP without a hook: multiply by the rounded 1/world_size.
-        bucket.buffer().mul_(1.0 / bucket.world_size());
-        return allreduce_future(bucket.process_group(), bucket.buffer());
+        // The same arithmetic as DDP without a hook: on shared memory the sum times 1/world_size in
+        // the reduction's own pass; elsewhere each rank's part times the rounded 1/world_size, summed.
+        const double scale = 1.0 / bucket.world_size();
+        std::vector<at::Tensor> tensors{bucket.buffer()};
+        if (detail::OwnedGroup* owner = detail::owned(bucket.process_group()); owner && owner->sums_in_place(tensors[0])) {
+          return tensor_when_done(owner->start_scaled_sum(tensors, scale), tensors[0]);
+        }
+        tensors[0].mul_(scale);
+        return allreduce_future(bucket.process_group(), tensors[0]);
       },
       "allreduce");
 }

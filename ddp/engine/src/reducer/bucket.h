@@ -14,6 +14,10 @@ struct Bucket {
   std::vector<at::Tensor> views;        // views[k]: params[k]'s slot, shaped like the parameter
   std::vector<at::Tensor> collective;   // {flat}: the argument list reused by every launch
   at::Tensor scale;                     // 1/world_size, 0-dim, bucket dtype and device
+  // Reduced where the gradients lie (shared memory, OwnedGroup::start_scaled_sum) instead of in
+  // `flat`: a gradient usable as it is never enters the bucket, and the average is taken in the
+  // reduction's own pass. Only without a comm hook (hooks are given `flat`).
+  bool in_place = false;
   size_t pending = 0;                   // members not ready yet in this iteration
   c10::intrusive_ptr<c10d::Work> work;  // the in-flight allreduce, if launched
 };

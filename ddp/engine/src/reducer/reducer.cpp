@@ -18,6 +18,7 @@
 #include "debug_level.h"
 #include "text.h"
 #include "desync.h"
+#include "owned_group.h"
 #include "reducer/state_sync.h"
 #include "start_allreduce.h"
 
@@ -49,8 +50,10 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                  ReducerOptions options)
     : params_(std::move(params)), names_(std::move(names)), group_(std::move(group)), options_(options) {
   divisor_ = group_->getSize();
+  owner_ = owned(group_);
   check_collectives_ = debug_level() == DebugLevel::kDetail;
   ready_.assign(params_.size(), 0);
+  in_grad_.assign(params_.size(), 0);
   globally_unused_.assign(params_.size(), 0);
   ready_order_.reserve(params_.size());
   // Gradients become ready roughly in reverse registration order: the last layer first.
@@ -110,6 +113,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     bucket.flat = at::zeros({total}, first.options().requires_grad(false));
     bucket.scale = at::full({}, 1.0 / divisor_, bucket.flat.options());
     bucket.collective = {bucket.flat};
+    bucket.in_place = !hook_runner_ && owner_ != nullptr && owner_->sums_in_place(bucket.flat);
     int64_t offset = 0;
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       at::Tensor& param = params_[bucket.params[k]];
@@ -174,6 +178,7 @@ void Reducer::register_comm_hook(CommHook hook) {
          "gradients enabled); the buckets of the iterations so far were reduced without it.");
   }
   hook_runner_ = std::make_unique<HookRunner>(std::move(hook), timeout_of(group_));
+  for (Bucket& bucket : buckets_) bucket.in_place = false;  // the hook reduces `flat`
   hook_runner_->set_buckets(hook_buckets());
   hook_runner_->set_on_done([this](size_t b) { recorder_.reduced(b); });
   if (check_collectives_) {
@@ -415,6 +420,7 @@ void Reducer::mark_ready(size_t param, bool used) {
   at::Tensor& slot = bucket.views[place_[param].index];
   recorder_.gradient_into(place_[param].bucket);
   at::NoGradGuard no_grad;
+  in_grad_[param] = 0;
   if (!used) {
     slot.zero_();
   } else {
@@ -423,15 +429,18 @@ void Reducer::mark_ready(size_t param, bool used) {
       fail("parameter '" + names_[param] + "' produced a sparse gradient; DistributedDataParallel "
            "reduces dense gradients only (e.g. construct torch::nn::Embedding with sparse(false)).");
     }
-    // Pre-divided while copying, unless a hook reduces (it gets the raw sums and averages itself);
-    // dividing by a world of one is a wasted pass.
-    const bool average = divisor_ > 1 && !hook_runner_;
+    // Pre-divided while copying, unless a hook reduces (it gets the raw sums and averages itself)
+    // or the reduction divides in its own pass (in_place); dividing by a world of one is a wasted pass.
+    const bool average = divisor_ > 1 && !hook_runner_ && !bucket.in_place;
     if (options_.gradient_as_bucket_view) {
       if (!grad.is_same(slot)) {  // first iteration, or the optimizer reset grads to undefined
         slot.copy_(grad);
         grad = slot;
       }
       if (average) slot.mul_(bucket.scale);
+    } else if (bucket.in_place && grad.is_contiguous() && grad.scalar_type() == slot.scalar_type() &&
+               grad.device() == slot.device() && !grad.requires_grad()) {
+      in_grad_[param] = 1;  // reduced where it lies: nothing to copy in or out
     } else if (average) {
       at::mul_out(slot, grad, bucket.scale);  // copy and pre-divide in one pass
     } else {
@@ -456,7 +465,7 @@ void Reducer::launch_ready_buckets() {
       check_collective(CollectiveOp::kBucketReduction, static_cast<int64_t>(next_bucket_), bucket.flat);
       c10::OptionalDeviceGuard guard(bucket.flat.device());
       try {
-        bucket.work = group_->allreduce(bucket.collective);
+        bucket.work = start_bucket_reduction(next_bucket_);
       } catch (const std::exception& error) {  // a backend may fail at launch already (a closed peer)
         throw_collective_error(describe_bucket(next_bucket_), kLoopCollectiveHint, error);
       }
@@ -472,6 +481,25 @@ void Reducer::launch_ready_buckets() {
     ++next_bucket_;
   }
   if (next_bucket_ == buckets_.size()) recorder_.all_ready();
+}
+
+// The bucket's allreduce: of `flat` (holding pre-divided gradients), or, in place, of each
+// member's gradient where it lies (or its slot, when it had to be copied there), scaled by
+// 1/divisor in the same pass.
+c10::intrusive_ptr<c10d::Work> Reducer::start_bucket_reduction(size_t b) {
+  Bucket& bucket = buckets_[b];
+  if (!bucket.in_place) return group_->allreduce(bucket.collective);
+  const double scale = 1.0 / divisor_;
+  bool any_in_grad = false;
+  for (size_t p : bucket.params) any_in_grad = any_in_grad || in_grad_[p];
+  if (!any_in_grad) return owner_->start_scaled_sum(bucket.collective, scale);  // all in slots: one piece
+  std::vector<at::Tensor> pieces;
+  pieces.reserve(bucket.params.size());
+  for (size_t k = 0; k < bucket.params.size(); ++k) {
+    const size_t p = bucket.params[k];
+    pieces.push_back(in_grad_[p] ? params_[p].mutable_grad() : bucket.views[k]);
+  }
+  return owner_->start_scaled_sum(pieces, scale);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -584,6 +612,7 @@ void Reducer::write_back_gradients() {
   at::NoGradGuard no_grad;
   for (size_t p = 0; p < params_.size(); ++p) {
     if (globally_unused_[p]) continue;  // like a single process: no gradient, no update
+    if (in_grad_[p]) continue;          // reduced in place: the average is already there
     const at::Tensor& slot = buckets_[place_[p].bucket].views[place_[p].index];
     at::Tensor& grad = params_[p].mutable_grad();
     if (options_.gradient_as_bucket_view) {

@@ -6,6 +6,11 @@
 //     -> launch_ready_buckets()  every bucket whose members are all ready, in bucket order
 //   finalize()               end of backward: wait for the allreduces, write averages back
 //
+// On a group whose ranks share memory (gloo+shm), a bucket is reduced where the gradients lie:
+// nothing is copied into the bucket or back, and the division by the world size happens in the
+// reduction's pass (Bucket::in_place); the bucket's storage only holds what cannot be reduced
+// in place (zeros for unused parameters, gradients of another layout).
+//
 // With a communication hook, buckets hold raw sums and "launch" hands a bucket to the hook thread
 // (hook_runner.h) instead of starting an allreduce; finalize waits for the hooks' results.
 //
@@ -29,6 +34,8 @@
 #include "observe/iteration_recorder.h"
 
 namespace ddp::detail {
+
+class OwnedGroup;
 
 // DDPOptions, in the units the reducer works in (DDPCore fills every field).
 struct ReducerOptions {
@@ -107,6 +114,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void wait_for_buckets();
   void wait_for_bucket(size_t bucket);
   std::string describe_bucket(size_t bucket) const;  // "DistributedDataParallel: allreduce of gradient bucket b of n"
+  c10::intrusive_ptr<c10d::Work> start_bucket_reduction(size_t bucket);
   c10::intrusive_ptr<c10d::Work> launch_usage_exchange();
   void read_usage_exchange(const c10::intrusive_ptr<c10d::Work>& work);
   void write_back_gradients();
@@ -133,6 +141,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
   ProcessGroupPtr group_;
+  OwnedGroup* owner_ = nullptr;       // group_'s library handle (null: a group built with c10d)
   ReducerOptions options_;
   // Strong references: autograd only holds gradient accumulators weakly, and a new accumulator
   // would not carry our hook.
@@ -147,6 +156,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   mutable std::mutex mutex_;
   State state_ = State::kIdle;
   std::vector<char> ready_;           // ready_[param] in this iteration
+  std::vector<char> in_grad_;         // in_grad_[param]: reduced in param.grad itself (in_place buckets)
   size_t next_bucket_ = 0;            // first bucket not launched yet
   std::vector<size_t> unused_;        // found unused at forward (static_graph: in iteration one),
                                       // marked when backward starts

@@ -13,11 +13,14 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>&, i
 Channel::~Channel() = default;
 bool Channel::serves(const std::vector<at::Tensor>&) const { return false; }
 bool Channel::serves_allreduce(const std::vector<at::Tensor>&, c10d::ReduceOp) const { return false; }
+bool Channel::serves_scaled_sum(const std::vector<at::Tensor>&) const { return false; }
 bool Channel::serves_allgather(const std::vector<std::vector<at::Tensor>>&, const std::vector<at::Tensor>&) const {
   return false;
 }
 #define DDP_NO_SHM_CHANNEL(name) TORCH_INTERNAL_ASSERT(false, "shared memory is not available on Windows: " name)
-c10::intrusive_ptr<c10d::Work> Channel::allreduce(std::vector<at::Tensor>&, c10d::ReduceOp) { DDP_NO_SHM_CHANNEL("allreduce"); }
+c10::intrusive_ptr<c10d::Work> Channel::allreduce(std::vector<at::Tensor>&, c10d::ReduceOp, double) {
+  DDP_NO_SHM_CHANNEL("allreduce");
+}
 c10::intrusive_ptr<c10d::Work> Channel::broadcast(std::vector<at::Tensor>&, int) { DDP_NO_SHM_CHANNEL("broadcast"); }
 c10::intrusive_ptr<c10d::Work> Channel::allgather(std::vector<std::vector<at::Tensor>>&, std::vector<at::Tensor>&) {
   DDP_NO_SHM_CHANNEL("allgather");
@@ -205,10 +208,16 @@ bool Channel::serves(const std::vector<at::Tensor>& tensors) const {
 }
 
 bool Channel::serves_allreduce(const std::vector<at::Tensor>& tensors, c10d::ReduceOp op) const {
-  if (!serves(tensors) || !dtype_of(tensors[0].scalar_type()) || !op_of(op)) return false;
-  return *op_of(op) != Op::kAvg || at::isFloatingType(tensors[0].scalar_type());
+  if (tensors.empty() || !dtype_of(tensors[0].scalar_type()) || !op_of(op)) return false;
+  for (const at::Tensor& tensor : tensors) {
+    if (!dense_cpu(tensor) || tensor.scalar_type() != tensors[0].scalar_type()) return false;
+  }
+  return supported(*dtype_of(tensors[0].scalar_type()), *op_of(op));
 }
 
+bool Channel::serves_scaled_sum(const std::vector<at::Tensor>& tensors) const {
+  return serves_allreduce(tensors, c10d::ReduceOp::SUM) && at::isFloatingType(tensors[0].scalar_type());
+}
 bool Channel::serves_allgather(const std::vector<std::vector<at::Tensor>>& outputs,
                                const std::vector<at::Tensor>& inputs) const {
   if (!serves(inputs) || outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(communicator_->size())) {
@@ -225,12 +234,15 @@ bool Channel::serves_allgather(const std::vector<std::vector<at::Tensor>>& outpu
 
 // --- the collectives: queued, run in order on the channel's thread ------------------------------
 
-c10::intrusive_ptr<c10d::Work> Channel::allreduce(std::vector<at::Tensor>& tensors, c10d::ReduceOp op) {
-  at::Tensor tensor = tensors[0];
-  const DType dtype = *dtype_of(tensor.scalar_type());
+c10::intrusive_ptr<c10d::Work> Channel::allreduce(std::vector<at::Tensor>& tensors, c10d::ReduceOp op, double scale) {
+  const DType dtype = *dtype_of(tensors[0].scalar_type());
   const Op reduce = *op_of(op);
-  return issue(c10d::OpType::ALLREDUCE, tensors, [this, tensor, dtype, reduce] {
-    communicator_->allreduce(tensor.data_ptr(), static_cast<std::size_t>(tensor.numel()), dtype, reduce);
+  const auto type = tensors.size() == 1 ? c10d::OpType::ALLREDUCE : c10d::OpType::ALLREDUCE_COALESCED;
+  return issue(type, tensors, [this, tensors, dtype, reduce, scale] {
+    std::vector<Span> spans;
+    spans.reserve(tensors.size());
+    for (const at::Tensor& tensor : tensors) spans.push_back({tensor.data_ptr(), static_cast<std::size_t>(tensor.numel())});
+    communicator_->allreduce(spans, dtype, reduce, scale);
   });
 }
 

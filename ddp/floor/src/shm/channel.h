@@ -5,9 +5,11 @@
 // were issued; a Work completes when its collective has, so DDP keeps launching buckets while
 // backward runs, and comm hooks chain on the Work's future as on Gloo's.
 //
-// What it serves (serves_*): one dense, contiguous CPU tensor of float32, float64, bfloat16,
-// float16 (summed in float32), int32, int64 or uint8; allreduce with SUM, AVG, MAX, MIN, PRODUCT
-// (AVG only of floating types); broadcast; allgather into same-shaped outputs; barrier. The owner
+// What it serves (serves_*): dense, contiguous CPU tensors of float32, float64, bfloat16,
+// float16 (summed in float32), int32, int64 or uint8; allreduce of one tensor or of a list of one
+// dtype taken as one array (c10d's allreduce_coalesced; DDP's buckets reduced where the gradients
+// lie) with SUM, AVG, MAX, MIN, PRODUCT (AVG only of floating types; a floating SUM may be scaled
+// in the same pass); broadcast; allgather into same-shaped outputs; barrier. The owner
 // (owned_group.h) sends everything else to Gloo.
 //
 // Thread-safety: the collectives may be issued from any thread; the channel serializes them in
@@ -44,11 +46,16 @@ class Channel {
   Channel& operator=(const Channel&) = delete;
 
   bool serves(const std::vector<at::Tensor>& tensors) const;
+  // A non-empty list of one dtype (the caller decides whether a list means "coalesced").
   bool serves_allreduce(const std::vector<at::Tensor>& tensors, c10d::ReduceOp op) const;
+  // Whether a SUM of these may be scaled (serves_allreduce, of a floating dtype).
+  bool serves_scaled_sum(const std::vector<at::Tensor>& tensors) const;
   bool serves_allgather(const std::vector<std::vector<at::Tensor>>& outputs,
                         const std::vector<at::Tensor>& inputs) const;
 
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, c10d::ReduceOp op);
+  // Every tensor becomes its part of the reduction of the list taken as one array; `scale` (other
+  // than 1 only for SUM of floating tensors) multiplies the sum in the same pass.
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, c10d::ReduceOp op, double scale = 1.0);
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, int root);
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs);
