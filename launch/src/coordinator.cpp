@@ -77,6 +77,7 @@ std::vector<std::string> node_command(const Options& options, const std::string&
   if (!options.log_dir.empty()) args.insert(args.end(), {"--log-dir", options.log_dir});
   if (!options.tee) args.push_back("--no-tee");
   if (!options.prefix) args.push_back("--no-prefix");
+  if (options.keep_output_buffering) args.push_back("--keep-output-buffering");
   if (!options.console_ranks.empty()) {
     std::string list;
     for (int local : options.console_ranks) list += (list.empty() ? "" : ",") + std::to_string(local);

@@ -34,6 +34,9 @@ int run(ddprun::Options& options) {
     std::cerr << "ddprun: setting OMP_NUM_THREADS=1 for each rank to avoid oversubscribing the CPUs; "
                  "set it yourself to tune\n";
   }
+  if (const auto buffering = ddprun::stdout_buffering(options); !buffering.note.empty()) {
+    std::cerr << "ddprun: " << buffering.note << "\n";
+  }
   for (int round = 0;; ++round) {
     ddprun::RoundInfo info;
     try {

@@ -120,6 +120,10 @@ bool parse_options(int argc, char** argv, Options& options) {
   app.add_option("--log-dir,--log_dir", options.log_dir, "write each rank's output to DIR/rank_<RANK>.log");
   app.add_flag("--tee,!--no-tee", options.tee, "copy rank output to the console (default on; --no-tee needs --log-dir)");
   app.add_flag("--prefix,!--no-prefix", options.prefix, "prefix console lines with [rank N] (default on)");
+  app.add_flag("--keep-output-buffering", options.keep_output_buffering,
+               "leave the ranks' stdout buffered as the C library does on a pipe (4 KiB blocks); by default "
+               "ddprun preloads coreutils' libstdbuf so it is unbuffered when ddprun's stdout is a terminal "
+               "(\\r progress redraws show live), line-buffered otherwise");
   std::string filter;
   app.add_option("--local-ranks-filter,--local_ranks_filter", filter,
                  "show only these local ranks on the console, e.g. 0 or 0,3 (all ranks still go to --log-dir)");

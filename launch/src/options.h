@@ -29,6 +29,7 @@ struct Options {
   bool tee = true;                  // copy rank output to the console
   bool prefix = true;               // "[rank N] " before each console line
   std::vector<int> console_ranks;   // --local-ranks-filter: local ranks shown on the console (empty: all)
+  bool keep_output_buffering = false;  // leave the ranks' stdout buffering alone (supervisor.h)
   std::vector<std::string> command;  // program and its arguments, as given
   std::string program_path;          // command[0] resolved through PATH
 

@@ -10,10 +10,13 @@
 namespace ddprun {
 namespace {
 
-// The console all ranks share: which rank's progress line is on screen, unfinished (-1: none).
+// The console all ranks share, and its one live line: the latest progress redraw of any rank,
+// unfinished, at the bottom of the screen.
 struct Console {
-  int open_progress = -1;
   bool is_terminal[3] = {false, isatty(STDOUT_FILENO) != 0, isatty(STDERR_FILENO) != 0};
+  int live_rank = -1;     // whose redraw is on the live line (-1: no live line)
+  int live_stream = 0;    // the rank's stream it came from, and ddprun's it is drawn on
+  std::string live_text;  // as drawn: prefix and text
 };
 Console& console() {
   static Console instance;
@@ -63,6 +66,8 @@ RankOutput::~RankOutput() {
   if (log_ != nullptr) std::fclose(log_);
 }
 
+bool console_is_terminal(int stream) { return console().is_terminal[stream]; }
+
 void RankOutput::feed(int stream, const char* data, size_t size) {
   std::string& pending = pending_[stream];
   pending.append(data, size);
@@ -71,22 +76,45 @@ void RankOutput::feed(int stream, const char* data, size_t size) {
     emit(stream, pending.substr(start, newline - start));
   }
   pending.erase(0, start);
-  if (pending.find('\r') != std::string::npos) show_progress(stream, as_shown(pending));
+  if (pending.find('\r') == std::string::npos) return;  // a plain partial line waits for its "\n"
+  const std::string shown = as_shown(pending);
+  show_progress(stream, shown);
+  // Only what a terminal shows is kept (and a final "\r", after which the next text replaces it),
+  // so a bar redrawn for an hour without a newline neither grows nor is rescanned in full per read.
+  pending = "\r" + shown + (pending.back() == '\r' ? "\r" : "");
+}
+
+std::string RankOutput::prefix() const {
+  return settings_.prefix ? "[rank " + std::to_string(rank_) + "] " : std::string();
 }
 
 void RankOutput::show_progress(int stream, const std::string& text) {
   Console& screen = console();
-  if (!settings_.tee || !screen.is_terminal[stream] || text.empty()) return;
-  const std::string prefix = settings_.prefix ? "[rank " + std::to_string(rank_) + "] " : std::string();
-  // Another rank's unfinished progress line stays as it was; this one starts below it.
-  const std::string start = screen.open_progress >= 0 && screen.open_progress != rank_ ? "\n" : "\r";
-  write_all(stream == 2 ? STDERR_FILENO : STDOUT_FILENO, start + prefix + text + "\033[K");
-  screen.open_progress = rank_;
+  if (!settings_.tee || !screen.is_terminal[stream]) return;
+  const bool ours = screen.live_rank == rank_ && screen.live_stream == stream;
+  if (text.empty()) {
+    // The rank erased its progress line ("\r\033[K"): so does the console.
+    if (ours) {
+      write_all(stream == 2 ? STDERR_FILENO : STDOUT_FILENO, "\r\033[K");
+      screen.live_rank = -1;
+    }
+    return;
+  }
+  const std::string drawn = prefix() + text;
+  if (ours && screen.live_text == drawn) return;  // unchanged
+  // "\r" returns to the start of the live line (this rank's or another's), "\033[K" erases what is
+  // left of a longer one.
+  write_all(stream == 2 ? STDERR_FILENO : STDOUT_FILENO, "\r" + drawn + "\033[K");
+  screen.live_rank = rank_;
+  screen.live_stream = stream;
+  screen.live_text = drawn;
 }
 
+// The rank's last text without a "\n" is printed as a line of its own (not lost), unless all a
+// terminal would show of it is nothing (a progress line the rank erased as it ended).
 void RankOutput::finish() {
   for (int stream : {1, 2}) {
-    if (!pending_[stream].empty()) emit(stream, pending_[stream]);
+    if (!as_shown(pending_[stream]).empty()) emit(stream, pending_[stream]);
     pending_[stream].clear();
   }
 }
@@ -102,16 +130,20 @@ void RankOutput::emit(int stream, const std::string& raw) {
   }
   if (!settings_.tee) return;
   Console& screen = console();
-  std::string out;
-  if (screen.open_progress >= 0) {
-    // This rank's own progress line is replaced by the line; another rank's is left above it.
-    out = screen.open_progress == rank_ ? "\r" : "\n";
-    screen.open_progress = -1;
+  const int fd = stream == 2 ? STDERR_FILENO : STDOUT_FILENO;
+  // Off a terminal (or with no live line) a line is just written, one write() per line.
+  if (screen.live_rank < 0 || !screen.is_terminal[stream]) {
+    write_all(fd, prefix() + line + "\n");
+    return;
   }
-  out += settings_.prefix ? "[rank " + std::to_string(rank_) + "] " : std::string();
-  out += line;
-  out += screen.is_terminal[stream] && out.front() == '\r' ? "\033[K\n" : "\n";
-  write_all(stream == 2 ? STDERR_FILENO : STDOUT_FILENO, out);
+  // The line takes the live line's place on screen ("\033[K" erases the rest of it).
+  write_all(fd, "\r" + prefix() + line + "\033[K\n");
+  if (screen.live_rank == rank_ && screen.live_stream == stream) {
+    screen.live_rank = -1;  // this line is how the rank ended its own progress line
+  } else {
+    // Another rank's (or stream's) progress line is still going: draw it again below.
+    write_all(screen.live_stream == 2 ? STDERR_FILENO : STDOUT_FILENO, screen.live_text + "\033[K");
+  }
 }
 
 void pump(int& fd, int stream, RankOutput& output) {

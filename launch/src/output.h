@@ -5,8 +5,13 @@
 //
 // Progress lines ("\r" redraws without a newline, like a progress bar): a line is what a terminal
 // would end up showing, the text after its last "\r" (so a bar redrawn 1,000 times is one line, not
-// one 4,000-character line). On a terminal the redraws are also shown as they come, on one
-// console line with the rank's prefix; the next line from any rank starts on a fresh line.
+// one 4,000-character line). On a terminal the redraws are also shown as they arrive: the text
+// after a "\r" as soon as it comes (a "\r"-ended segment at once, and a redraw that starts with
+// "\r", as printf("\rstep %d", k) does, without waiting for the next one), drawn as
+// "\r[rank N] text" over the console's one live line at the bottom. Every rank's redraws share
+// that line (the latest wins); whole lines of any rank are printed above it and the live line is
+// drawn again below them, so lines never mix. Text with no "\r" before it waits for its "\n".
+// At the rank's exit, text without a final "\n" is printed as a line of its own (finish()).
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -39,6 +44,7 @@ class RankOutput {
  private:
   void emit(int stream, const std::string& line);
   void show_progress(int stream, const std::string& text);
+  std::string prefix() const;
 
   int rank_;
   OutputSettings settings_;
@@ -47,6 +53,9 @@ class RankOutput {
   std::string log_path_;
   FILE* log_ = nullptr;
 };
+
+// Whether ddprun's stdout (stream 1) or stderr (stream 2) is a terminal, where redraws are shown live.
+bool console_is_terminal(int stream);
 
 // Feeds `output` whatever the non-blocking pipe `fd` holds (stream 1 or 2); closes it and sets
 // it to -1 at EOF.

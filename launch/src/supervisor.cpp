@@ -157,21 +157,34 @@ class Round {
 }  // namespace
 
 // A rank's stdout is a pipe to ddprun, which C's stdio buffers in 4 KiB blocks: printf output
-// would arrive in bursts (two epochs at once, the last at exit). coreutils' libstdbuf (what
-// `stdbuf -oL` preloads) makes it line-buffered, as on a terminal. Skipped when it is not
-// installed or the user chose a buffering already (_STDBUF_O set).
-static void add_line_buffering(std::vector<std::string>& env) {
+// would arrive in bursts (two epochs at once, the last at exit), and a "\r" progress line not
+// before its line ends. coreutils' libstdbuf (what `stdbuf -o0`/`stdbuf -oL` preload) sets stdout's
+// buffering as the program starts; std::cout follows, as it writes through stdio (synced with it
+// unless the program calls std::ios::sync_with_stdio(false)).
+// - ddprun's stdout is a terminal: unbuffered, so every "\r" redraw reaches ddprun when it is
+//   printed, flushed or not, and is shown live (output.h); lines are still relayed whole.
+// - otherwise line-buffered, as on a terminal: off a terminal a redraw only counts once its line
+//   ends, and one write() per line costs less than one per printf.
+// Why a preload and not a pseudo-terminal per rank: a pty would make isatty(1) true in the rank
+// (programs change behaviour: colours, their own progress bars), merge its stdout and stderr,
+// translate "\n" to "\r\n" unless put in raw mode, and still leave stdout line-buffered, so an
+// unflushed redraw would still wait for its newline.
+// Left as it is with --keep-output-buffering, when _STDBUF_O is set already (the user's choice) or
+// without libstdbuf (then `note` says so). Statically linked programs ignore the preload.
+StdoutBuffering stdout_buffering(const Options& options) {
   static const char* const kLibstdbuf[] = {"/usr/libexec/coreutils/libstdbuf.so", "/usr/lib/coreutils/libstdbuf.so"};
-  if (std::getenv("_STDBUF_O") != nullptr) return;
+  StdoutBuffering buffering;
+  if (options.keep_output_buffering || std::getenv("_STDBUF_O") != nullptr) return buffering;
   for (const char* path : kLibstdbuf) {
     if (access(path, R_OK) != 0) continue;
-    const char* preload = std::getenv("LD_PRELOAD");
-    env.erase(std::remove_if(env.begin(), env.end(), [](const std::string& e) { return e.rfind("LD_PRELOAD=", 0) == 0; }),
-              env.end());
-    env.push_back("LD_PRELOAD=" + std::string(path) + (preload && *preload ? std::string(":") + preload : ""));
-    env.push_back("_STDBUF_O=L");
-    return;
+    buffering.libstdbuf = path;
+    buffering.mode = console_is_terminal(1) ? "0" : "L";
+    return buffering;
   }
+  buffering.note = "coreutils' libstdbuf is not installed: the ranks' stdout stays block-buffered, so printf "
+                   "output arrives in 4 KiB bursts unless the program flushes it (--keep-output-buffering "
+                   "silences this note)";
+  return buffering;
 }
 
 bool sets_omp_num_threads(const Options& options) {
@@ -198,7 +211,15 @@ std::vector<std::string> rank_environment(const Options& options, const RoundInf
   }
   for (const auto& [name, value] : ours) env.push_back(name + "=" + value);
   if (sets_omp_num_threads(options)) env.push_back("OMP_NUM_THREADS=1");
-  add_line_buffering(env);
+  const StdoutBuffering buffering = stdout_buffering(options);
+  if (!buffering.mode.empty()) {
+    // Ours goes first in LD_PRELOAD; a preload the user had stays after it.
+    const char* preload = std::getenv("LD_PRELOAD");
+    env.erase(std::remove_if(env.begin(), env.end(), [](const std::string& e) { return e.rfind("LD_PRELOAD=", 0) == 0; }),
+              env.end());
+    env.push_back("LD_PRELOAD=" + buffering.libstdbuf + (preload && *preload ? std::string(":") + preload : ""));
+    env.push_back("_STDBUF_O=" + buffering.mode);
+  }
   return env;
 }
 

@@ -4,6 +4,7 @@
 // stops all the others: SIGTERM to each rank's process group, SIGKILL after the grace period.
 #include <deque>
 #include <string>
+#include <vector>
 
 #include "options.h"
 #include "rendezvous.h"
@@ -25,6 +26,17 @@ RoundResult run_round(const Options& options, const RoundInfo& info, int round, 
 // variable unset (several ranks each using every core oversubscribe the machine; torchrun does
 // the same). The one place this is decided.
 bool sets_omp_num_threads(const Options& options);
+
+// How the ranks' stdout is buffered: coreutils' libstdbuf preloaded with _STDBUF_O=`mode` ("0"
+// unbuffered when ddprun's stdout is a terminal, "L" line-buffered otherwise), or, with `mode`
+// empty, the C library's default (block-buffered on a pipe). The one place this is decided; why in
+// supervisor.cpp. `note`, when not empty, is what ddprun says once about it (libstdbuf missing).
+struct StdoutBuffering {
+  std::string mode;
+  std::string libstdbuf;  // the library's path when `mode` is set
+  std::string note;
+};
+StdoutBuffering stdout_buffering(const Options& options);
 
 // The environment each rank starts with: ours plus torchrun's variables.
 std::vector<std::string> rank_environment(const Options& options, const RoundInfo& info, int local_rank, int round);
