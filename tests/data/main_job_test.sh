@@ -14,6 +14,10 @@
 #                                           plain lines when piped
 #   main_job_test.sh resume TRAIN           --checkpoint-dir: a second run resumes after epoch 1
 #   main_job_test.sh frozen DDPRUN TRAIN    a rank frozen by SIGSTOP ends the job within --timeout
+#   main_job_test.sh frozen_store_host DDPRUN TRAIN
+#                                           the same for rank 0, which hosts the store
+#   main_job_test.sh frozen_store_host_at_start TRAIN
+#                                           rank 0 frozen while rank 1 joins: rank 1 ends naming it
 # Exit 0: pass; 1: fail (with the reason and the output); 77: skipped (CTest SKIP_RETURN_CODE).
 set -u -o pipefail
 mode=$1
@@ -117,11 +121,39 @@ case $mode in
     fi
     ;;
 
-  frozen)
-    # A rank frozen mid-training (SIGSTOP): with --timeout 5 the job ends within seconds, rank 0
-    # naming the collective that timed out and rank 1 as the one that stopped, instead of waiting
-    # PyTorch's default 30 minutes.
+  frozen_store_host_at_start)
+    # Rank 0, started by hand, hosts the store and waits for rank 1; it is frozen before rank 1
+    # joins. Rank 1's connection completes in rank 0's kernel, but no call is ever answered: it
+    # must give up within its --timeout (plus the store's slack) and name rank 0.
+    train=$1
+    port=$((20000 + RANDOM % 20000))
+    log0=$(mktemp)
+    RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$train" --epochs 1 --timeout 5 >"$log0" 2>&1 &
+    rank0=$!
+    trap 'kill -KILL $rank0 2>/dev/null; rm -f "$log0"' EXIT
+    for _ in $(seq 300); do ss -ltn "sport = :$port" | grep -q LISTEN && break; sleep 0.1; done
+    ss -ltn "sport = :$port" | grep -q LISTEN || { out=$(cat "$log0"); fail "rank 0 never listened on port $port"; }
+    kill -STOP $rank0
+    start=$SECONDS
+    out=$(RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port timeout 120 "$train" --epochs 1 --timeout 5 2>&1)
+    code=$?
+    took=$((SECONDS - start))
+    [[ $code != 124 ]] || fail "rank 1 still waited 120 s after rank 0 froze"
+    [[ $code != 0 ]] || fail "rank 1 succeeded without rank 0"
+    ((took <= 30)) || fail "rank 1 ended $took s after starting; --timeout was 5 s"
+    grep -q "the store hosted by rank 0 at 127.0.0.1:$port did not answer" <<<"$out" || fail "rank 1 did not name rank 0's store"
+    grep -m1 "did not answer" <<<"$out"
+    echo "rank 1 ended $took s after it started, rank 0 frozen (--timeout 5), exit code $code"
+    ;;
+
+  frozen | frozen_store_host)
+    # A rank frozen mid-training (SIGSTOP): with --timeout 5 the job ends within seconds, the other
+    # rank naming the collective that timed out and the frozen one, instead of waiting PyTorch's
+    # default 30 minutes. Rank 0 also hosts the store: the stall check, which reads the others'
+    # heartbeats there, must not wait for it forever (bounded_store.h).
     ddprun=$1 train=$2
+    victim=1
+    [[ $mode == frozen_store_host ]] && victim=0
     log=$(mktemp)
     "$ddprun" --standalone --nproc-per-node 2 --grace-period 2 -- "$train" --epochs 1 --timeout 5 >"$log" 2>&1 &
     launcher=$!
@@ -131,24 +163,30 @@ case $mode in
     grep -q "world 2 (gloo+shm)" "$log" || { out=$(cat "$log"); fail "the job did not start"; }
     sleep 1  # into the first epoch
     for pid in $(pgrep -P $launcher); do
-      tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx RANK=1 && frozen_pid=$pid
+      tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx RANK=$victim && frozen_pid=$pid
     done
-    [[ -n $frozen_pid ]] || { out=$(cat "$log"); fail "rank 1's process not found"; }
+    [[ -n $frozen_pid ]] || { out=$(cat "$log"); fail "rank $victim's process not found"; }
     kill -STOP "$frozen_pid"
     frozen_at=$SECONDS
     for _ in $(seq 1200); do kill -0 $launcher 2>/dev/null || break; sleep 0.1; done
     took=$((SECONDS - frozen_at))
     out=$(cat "$log")
-    kill -0 $launcher 2>/dev/null && fail "ddprun still running 120 s after rank 1 froze"
+    kill -0 $launcher 2>/dev/null && fail "ddprun still running 120 s after rank $victim froze"
     wait $launcher
     code=$?
     [[ $code != 0 ]] || fail "the job succeeded with a frozen rank"
-    ((took <= 30)) || fail "the job ended $took s after rank 1 froze; --timeout was 5 s"
+    ((took <= 30)) || fail "the job ended $took s after rank $victim froze; --timeout was 5 s"
     grep -q "hung past the timeout" <<<"$out" || fail "no rank said a peer hung past the timeout"
-    # The stall check (heartbeat.h) names the frozen rank.
-    grep -q "Stall check: rank 1 stopped (no heartbeat for 2.5 s" <<<"$out" || fail "rank 0 did not name rank 1 as stopped"
+    if ((victim == 1)); then
+      # The stall check (heartbeat.h) names the frozen rank.
+      grep -q "Stall check: rank 1 stopped (no heartbeat for 2.5 s" <<<"$out" || fail "rank 0 did not name rank 1 as stopped"
+    else
+      # The heartbeats live in the frozen rank's store: the check says it does not answer.
+      grep -q "Stall check: the store is unreachable (the store hosted by rank 0 at 127.0.0.1:[0-9]* did not answer" <<<"$out" ||
+        fail "rank 1 did not name rank 0's store as not answering"
+    fi
     grep -m1 "Stall check" <<<"$out"
-    echo "the job ended $took s after rank 1 froze (--timeout 5), exit code $code"
+    echo "the job ended $took s after rank $victim froze (--timeout 5), exit code $code"
     ;;
 
   progress)

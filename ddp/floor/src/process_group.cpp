@@ -26,6 +26,7 @@
 #include "error_text.h"
 #include "heartbeat.h"
 #include "parse_int.h"
+#include "bounded_store.h"
 #include "store_text.h"
 #include "text.h"
 #include <ddp/launch_environment.h>
@@ -83,6 +84,9 @@ constexpr bool kHaveNccl =
 #else
     false;
 #endif
+
+// What a store call may take beyond the store's own timeout before its host counts as frozen.
+constexpr std::chrono::milliseconds kStoreSlack{5000};
 
 std::string describe_ranks(const std::vector<int>& ranks) {
   return detail::join_limited(ranks, 8, ", ", [](int rank) { return std::to_string(rank); });
@@ -182,10 +186,10 @@ void rendezvous(c10d::Store& store, const Arrival& me, std::chrono::milliseconds
     }
   } catch (const std::exception& error) {
     if (std::string(error.what()).rfind("ddp::init_process_group: ", 0) == 0) throw;
-    // The store itself failed: its host went away while we waited.
+    // The store itself failed: its host went away, or froze (bounded_store.h), while we waited.
     throw std::runtime_error("ddp::init_process_group: rank " + std::to_string(me.rank) +
                              " lost the store at " + where + " after " + waited() +
-                             " s: the process hosting it (rank 0, or the launcher) exited or crashed. (" +
+                             " s: the process hosting it (rank 0, or the launcher) exited, crashed or froze. (" +
                              error_text(error) + ")");
   }
 }
@@ -283,8 +287,13 @@ Connection connect_group(const InitOptions& options) {
     store_options.numWorkers = world_size;
     store_options.waitWorkers = false;  // our own rendezvous below names the missing ranks
     store_options.timeout = options.timeout;
+    // Every call to the store is bounded (bounded_store.h): a frozen store host must end the job,
+    // not hang it. The rendezvous and Gloo's connection set-up wait up to the timeout themselves.
+    const std::string host = std::string(agent_store ? "the launcher's agent" : "rank 0") + " at " + endpoint.host + ":" +
+                             std::to_string(endpoint.port);
     try {
-      store = compat::make_tcp_store(endpoint.host, store_options);
+      store = detail::BoundedStore::connect([address = endpoint.host, store_options] { return compat::make_tcp_store(address, store_options); },
+                                    host, options.timeout + kStoreSlack, kStoreSlack);
     } catch (const std::exception& error) {
       std::ostringstream message;
       if (rank == 0) {
@@ -301,13 +310,14 @@ Connection connect_group(const InitOptions& options) {
     const std::string attempt = "/worker/attempt_" + std::to_string(launch.restart_count);
     if (agent_store) store = c10::make_intrusive<c10d::PrefixStore>(attempt, store);
     // The heartbeat's own client: a short timeout, and no lock shared with the group's store.
-    heartbeat_store = [host = endpoint.host, port = store_options.port, agent_store, attempt] {
+    heartbeat_store = [address = endpoint.host, port = store_options.port, agent_store, attempt, host] {
       c10d::TCPStoreOptions client;
       client.port = port;
       client.isServer = false;
       client.waitWorkers = false;
       client.timeout = std::chrono::seconds(5);
-      c10::intrusive_ptr<c10d::Store> connection = compat::make_tcp_store(host, client);
+      c10::intrusive_ptr<c10d::Store> connection = detail::BoundedStore::connect(
+          [address, client] { return compat::make_tcp_store(address, client); }, host, client.timeout + kStoreSlack, kStoreSlack);
       if (agent_store) connection = c10::make_intrusive<c10d::PrefixStore>(attempt, connection);
       return connection;
     };
