@@ -230,6 +230,38 @@ void replace(std::string& text, const std::string& from, const std::string& to) 
   text.replace(at, from.size(), to);
 }
 
+std::string repeat(const std::string& part, int times) {
+  std::string text;
+  for (int i = 0; i < times; ++i) text += part;
+  return text;
+}
+
+// Pickle opcodes leaving one value on the stack: `depth` containers, each inside the next, as
+// LibTorch's unpickler reads them. 'l': lists (EMPTY_LIST, MARK ... APPENDS), 'd': dicts under
+// the key 0 (EMPTY_DICT, MARK, BININT1 0 ... SETITEMS), 't': tuples (MARK ... TUPLE).
+std::string nested(char kind, int depth) {
+  if (kind == 'l') return repeat("](", depth - 1) + "]" + std::string(depth - 1, 'e');
+  if (kind == 'd') return repeat(std::string("}(K\0", 4), depth - 1) + "}" + std::string(depth - 1, 'u');
+  return std::string(depth, '(') + std::string(depth, 't');
+}
+
+// The same depth reached without nesting a full container: `depth` empty lists in the memo,
+// then each appended to the one before it, which is already inside a list by then.
+std::string nested_by_memo(int depth) {
+  auto index = [](int i) { return std::string(reinterpret_cast<const char*>(&i), 4); };  // little endian
+  std::string text;
+  for (int i = 0; i < depth; ++i) text += "]r" + index(i) + "0";  // EMPTY_LIST, LONG_BINPUT i, POP
+  for (int i = 0; i + 1 < depth; ++i) {
+    text += "j" + index(i) + "(j" + index(i + 1) + "e0";  // LONG_BINGET i, MARK, LONG_BINGET i+1, APPENDS, POP
+  }
+  return text + "j" + index(0);
+}
+
+// An extra entry "deep" -> `value` in the dict opened by `opening` (the first one in the pickle).
+std::function<void(std::string&)> add_entry(const std::string& opening, const std::string& value) {
+  return [=](std::string& pickle) { replace(pickle, opening, opening + std::string("X\4\0\0\0deep", 9) + value); };
+}
+
 }  // namespace resealed
 
 TEST_F(Corruption, DamageBehindAValidChecksumIsRefusedNotRun) {
@@ -256,6 +288,60 @@ TEST_F(Corruption, DamageBehindAValidChecksumIsRefusedNotRun) {
       {"global", "data.pkl", [](std::string& p) { resealed::replace(p, "_rebuild_tensor_v2", "_rebuild_tensor_v3"); },
        "cannot read the model state in %: record data.pkl, byte ",
        ": the global torch._utils._rebuild_tensor_v3, which no checkpoint uses"},
+  };
+  const std::vector<char> archive = ddp::read_checkpoint_file(path_);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<char> crafted = resealed::rewrite(archive, c.record, c.edit);
+    ddp::seal_archive(crafted);
+    const std::string file = dir_ + "/resealed-" + c.name + ".pt";
+    std::ofstream(file, std::ios::binary).write(crafted.data(), static_cast<std::streamsize>(crafted.size()));
+    std::string where = c.where;
+    where.replace(where.find('%'), 1, file);
+    ToyModel target;
+    torch::optim::Adam adam(target->parameters());  // so the optimizer record is read too
+    const std::string error =
+        ddp::test::error_of<ddp::CheckpointError>([&] { ddp::load_checkpoint(file, *target, &adam); });
+    EXPECT_EQ(error.rfind(where, 0), 0u) << error;
+    EXPECT_TRUE(contains(error, c.what)) << error;
+  }
+}
+
+// Containers nested a few hundred thousand deep (issue 28): the checker's values, and LibTorch's
+// after it, are built and freed recursively, so such a file ended the job with SIGSEGV. Refused
+// now before anything nests, in every record that holds a pickle; nesting up to the bound passes
+// the checker and LibTorch reads it (the entry is then refused for not being a tensor).
+TEST_F(Corruption, DeepNestingIsRefusedBeforeItIsBuilt) {
+  constexpr int kDeep = 300000;
+  const std::string model_dict = std::string("}(", 2), object_dict = std::string(")\x81}(", 4);
+  struct Case {
+    const char* name;
+    std::string record;
+    std::function<void(std::string&)> edit;
+    std::string where, what;  // the error is where + (a byte offset) + what
+  };
+  const std::string too_deep = ": lists, tuples, dicts and objects nested 1001 deep, more than the 1000 levels a "
+                               "checkpoint may have (its own nest fewer than 10)";
+  const std::vector<Case> cases = {
+      {"model-root", "data.pkl", [&](std::string& p) { p = std::string("\x80\x02", 2) + resealed::nested('l', kDeep) + "."; },
+       "cannot read the model state in %: record data.pkl, byte ", too_deep},
+      {"model-dict-value", "data.pkl", resealed::add_entry(model_dict, resealed::nested('d', kDeep)),
+       "cannot read the model state in %: record data.pkl, byte ", too_deep},
+      {"training-state", "ddp_training_state/data.pkl", resealed::add_entry(object_dict, resealed::nested('t', kDeep)),
+       "cannot read the training state in %: record data.pkl, byte ", too_deep},
+      {"optimizer", "ddp_optimizer_state/data.pkl", resealed::add_entry(object_dict, resealed::nested('l', kDeep)),
+       "cannot read the optimizer state in %: record data.pkl, byte ", too_deep},
+      // Nesting built by filling lists already inside others, which a depth counted as values
+      // are made would not see.
+      {"filled-after-nesting", "data.pkl", resealed::add_entry(model_dict, resealed::nested_by_memo(kDeep)),
+       "cannot read the model state in %: record data.pkl, byte ",
+       ": an APPEND to a list that is already inside another value (no pickler writes one; it would hide how deep "
+       "values nest)"},
+      // The bound itself: the root dict and 999 levels below it are 1000.
+      {"at-the-bound", "data.pkl", resealed::add_entry(model_dict, resealed::nested('l', 999)),
+       "% does not hold a state_dict: entry deep is a GenericList", ", not a tensor under a name"},
+      {"one-past-the-bound", "data.pkl", resealed::add_entry(model_dict, resealed::nested('l', 1000)),
+       "cannot read the model state in %: record data.pkl, byte ", too_deep},
   };
   const std::vector<char> archive = ddp::read_checkpoint_file(path_);
   for (const auto& c : cases) {
