@@ -385,4 +385,34 @@ TEST_F(Corruption, AZipDirectoryOutsideTheFileIsRefused) {
             file + " is not a sound zip archive: the zip directory lies outside the archive");
 }
 
+// A device entry naming "meta" (issue 28): LibTorch placed the tensor there, then the copy into
+// the model threw c10::NotImplementedError out of load_checkpoint. The same device as the
+// optimizer's reached LibTorch's archive reader. Both are CheckpointErrors naming what and where.
+TEST_F(Corruption, TheMetaDeviceIsRefusedAsAPlaceForTensors) {
+  const std::vector<char> archive = ddp::read_checkpoint_file(path_);
+  auto load_crafted = [&](const std::string& name, const std::string& record,
+                          const std::function<void(std::string&)>& edit) {
+    std::vector<char> crafted = resealed::rewrite(archive, record, edit);
+    ddp::seal_archive(crafted);
+    const std::string file = dir_ + "/" + name + ".pt";
+    std::ofstream(file, std::ios::binary).write(crafted.data(), static_cast<std::streamsize>(crafted.size()));
+    ToyModel target;
+    torch::optim::Adam adam(target->parameters());
+    return ddp::test::error_of<ddp::CheckpointError>([&] { ddp::load_checkpoint(file, *target, &adam); });
+  };
+  const std::string no_data = "map_location: the meta device holds no data, so a checkpoint cannot be loaded onto it "
+                              "(map it to a device that does, e.g. ddp::MapLocation(\"cpu\"))";
+  EXPECT_EQ(load_crafted("meta-tensor", "ddp_devices",
+                         [](std::string& devices) { resealed::replace(devices, "cpu net1.weight", "meta net1.weight"); }),
+            "cannot place net1.weight from " + dir_ + "/meta-tensor.pt (saved on meta) where map_location puts it: " +
+                no_data);
+  EXPECT_EQ(load_crafted("meta-optimizer", "ddp_training_state/data.pkl",
+                         [](std::string& pickle) {
+                           const std::string cpu("X\3\0\0\0cpu", 8), meta("X\4\0\0\0meta", 9);
+                           pickle.replace(pickle.find(cpu, pickle.find("optimizer_device")), cpu.size(), meta);
+                         }),
+            "cannot place the optimizer state from " + dir_ + "/meta-optimizer.pt (saved on meta) where map_location "
+            "puts it: " + no_data);
+}
+
 }  // namespace
