@@ -1,4 +1,6 @@
 // Damaged or mismatched checkpoints: each gives an error that names the file and the problem.
+#include <cinttypes>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -7,6 +9,7 @@
 #include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/torch.h>
+#include <zlib.h>
 
 #include <ddp/checkpoint.h>
 
@@ -374,6 +377,7 @@ TEST_F(Corruption, AZipDirectoryOutsideTheFileIsRefused) {
     uint64_t record = 0;
     for (int i = 0; i < 8; ++i) record |= static_cast<uint64_t>(static_cast<unsigned char>(archive[eocd - 12 + i])) << (8 * i);
     put(static_cast<std::size_t>(record) + 48, ~uint64_t{0} - 16, 8);
+    put(eocd + 16, 0xffffffffu, 4);  // the directory record's offset: "see the ZIP64 record"
   } else {
     put(eocd + 16, 0xfffffff0u, 4);
   }
@@ -413,6 +417,137 @@ TEST_F(Corruption, TheMetaDeviceIsRefusedAsAPlaceForTensors) {
                          }),
             "cannot place the optimizer state from " + dir_ + "/meta-optimizer.pt (saved on meta) where map_location "
             "puts it: " + no_data);
+}
+
+// Edits of the zip's end-of-directory records, re-sealed (issue 28: they were accepted). A
+// checkpoint is one zip file: its directory is followed by the ZIP64 directory record, its
+// locator and the directory record (EOCD), which all agree; anything else is refused.
+class ZipDirectoryRecord : public Corruption {
+ protected:
+  void SetUp() override {
+    Corruption::SetUp();
+    original_ = ddp::read_checkpoint_file(path_);
+    reset();
+    eocd_ = archive_.size() - 22;
+    ASSERT_TRUE(get(eocd_ - 20, 4) == 0x07064b50u) << "the test expects LibTorch's ZIP64 records";
+    zip64_ = static_cast<std::size_t>(get(eocd_ - 12, 8));
+    entries_ = get(eocd_ + 10, 2);
+  }
+  void reset() { archive_ = original_; }  // undoes the edits
+  uint64_t get(std::size_t at, int bytes) const {
+    uint64_t value = 0;
+    for (int i = 0; i < bytes; ++i) value |= static_cast<uint64_t>(static_cast<unsigned char>(archive_[at + i])) << (8 * i);
+    return value;
+  }
+  void put(std::size_t at, uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; ++i) archive_[at + i] = static_cast<char>((value >> (8 * i)) & 0xff);
+  }
+  // Sealed as save_checkpoint seals, then `after_sealing` (the file before its trailer, which is
+  // then written anew: the size and CRC-32 of what the edit left), as a crafter would.
+  std::string error_after(const std::string& name,
+                          const std::function<void(std::vector<char>&)>& after_sealing = nullptr) {
+    std::vector<char> bytes = archive_;
+    ddp::seal_archive(bytes);
+    if (after_sealing) {
+      constexpr std::size_t kTrailer = 61;  // "torchddp-checkpoint v1 bytes=<16> crc32=<8>\n"
+      bytes.resize(bytes.size() - kTrailer);
+      after_sealing(bytes);
+      char trailer[kTrailer + 1];
+      std::snprintf(trailer, sizeof(trailer), "torchddp-checkpoint v1 bytes=%016" PRIx64 " crc32=%08" PRIx32 "\n",
+                    static_cast<uint64_t>(bytes.size()),
+                    static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size())));
+      bytes.insert(bytes.end(), trailer, trailer + kTrailer);
+    }
+    const std::string file = dir_ + "/" + name + ".pt";
+    std::ofstream(file, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    const std::string error = load_error(file);
+    const std::string head = file + " is not a sound zip archive: ";
+    EXPECT_EQ(error.rfind(head, 0), 0u) << error;
+    return error.rfind(head, 0) == 0 ? error.substr(head.size()) : error;
+  }
+
+  std::vector<char> original_, archive_;
+  std::size_t eocd_ = 0, zip64_ = 0;
+  uint64_t entries_ = 0;
+};
+
+TEST_F(ZipDirectoryRecord, DiskNumbersOtherThanOneFileAreRefused) {
+  put(eocd_ + 4, 1, 2);  // this disk
+  EXPECT_EQ(error_after("eocd-disk"),
+            "the zip directory record is on disk 1 and names disk 0 for the directory (a checkpoint is one file: "
+            "disk 0 for both)");
+  reset();
+  put(eocd_ + 6, 2, 2);  // the directory's disk
+  EXPECT_EQ(error_after("eocd-directory-disk"),
+            "the zip directory record is on disk 0 and names disk 2 for the directory (a checkpoint is one file: "
+            "disk 0 for both)");
+  reset();
+  put(zip64_ + 16, 1, 4);
+  EXPECT_EQ(error_after("zip64-disk"),
+            "the ZIP64 directory record is on disk 1 and names disk 0 for the directory (a checkpoint is one file: "
+            "disk 0 for both)");
+  reset();
+  put(eocd_ - 20 + 16, 2, 4);  // the locator's count of disks
+  EXPECT_EQ(error_after("locator-disks"),
+            "the ZIP64 locator names disk 0 of 2 (a checkpoint is one file: disk 0 of 1)");
+}
+
+TEST_F(ZipDirectoryRecord, EntryCountsThatDisagreeAreRefused) {
+  put(eocd_ + 8, entries_ - 1, 2);  // on this disk, not in all
+  EXPECT_EQ(error_after("entries-on-disk"),
+            "the zip directory record counts " + std::to_string(entries_ - 1) + " entries on this disk and " +
+                std::to_string(entries_) + " in all (a checkpoint is one file: the same number)");
+  reset();
+  put(eocd_ + 8, entries_ - 1, 2);  // the directory record against its ZIP64 record
+  put(eocd_ + 10, entries_ - 1, 2);
+  EXPECT_EQ(error_after("eocd-against-zip64"),
+            "the zip directory record and its ZIP64 record disagree on the number of entries (" +
+                std::to_string(entries_ - 1) + " and " + std::to_string(entries_) + ")");
+  reset();
+  for (std::size_t at : {eocd_ + 8, eocd_ + 10}) put(at, entries_ - 1, 2);  // all agree, the directory holds more
+  for (std::size_t at : {zip64_ + 24, zip64_ + 32}) put(at, entries_ - 1, 8);
+  const std::string error = error_after("fewer-entries");
+  EXPECT_TRUE(contains(error, "the zip directory's " + std::to_string(entries_ - 1) + " entries take ")) << error;
+  EXPECT_TRUE(contains(error, " bytes, its directory record says " + std::to_string(get(eocd_ + 12, 4)))) << error;
+}
+
+TEST_F(ZipDirectoryRecord, SizesAndOffsetsThatDoNotMeetAreRefused) {
+  const uint64_t directory = get(eocd_ + 16, 4), size = get(eocd_ + 12, 4);
+  const std::string before_zip64 = ") does not end where the ZIP64 directory record begins (byte " + std::to_string(zip64_) + ")";
+  put(eocd_ + 12, size + 1, 4);  // the directory's size, in both records
+  put(zip64_ + 40, size + 1, 8);
+  EXPECT_EQ(error_after("directory-size"),
+            "the zip directory (" + std::to_string(size + 1) + " bytes from byte " + std::to_string(directory) + before_zip64);
+  reset();
+  put(eocd_ + 16, directory - 1, 4);  // the directory's offset, in both records
+  put(zip64_ + 48, directory - 1, 8);
+  EXPECT_EQ(error_after("directory-offset"),
+            "the zip directory (" + std::to_string(size) + " bytes from byte " + std::to_string(directory - 1) + before_zip64);
+  reset();
+  put(eocd_ + 12, size - 1, 4);  // the directory record against its ZIP64 record
+  EXPECT_EQ(error_after("size-against-zip64"),
+            "the zip directory record and its ZIP64 record disagree on the directory's size (" + std::to_string(size - 1) +
+                " and " + std::to_string(size) + ")");
+  reset();
+  put(zip64_ + 4, get(zip64_ + 4, 8) + 8, 8);  // the ZIP64 record's own size
+  EXPECT_EQ(error_after("zip64-size"),
+            "the ZIP64 directory record (" + std::to_string(eocd_ - 20 - zip64_ + 8) + " bytes from byte " +
+                std::to_string(zip64_) + ") does not end where the ZIP64 locator begins (byte " +
+                std::to_string(eocd_ - 20) + ")");
+}
+
+TEST_F(ZipDirectoryRecord, TheTrailerMustBeItsWholeComment) {
+  // The comment's length, which reading zeroes (for zip readers the trailer is the comment).
+  EXPECT_EQ(error_after("comment-length", [](std::vector<char>& bytes) { bytes[bytes.size() - 2] = 0; }),
+            "the zip directory record gives its comment 0 bytes, but the checkpoint trailer after it is 61");
+  // Bytes between the directory record and the trailer, the comment's length stretched over them.
+  EXPECT_EQ(error_after("trailing-bytes",
+                        [](std::vector<char>& bytes) {
+                          bytes[bytes.size() - 2] = 61 + 4;
+                          bytes.insert(bytes.end(), {'j', 'u', 'n', 'k'});
+                        }),
+            "the zip directory record does not end where the checkpoint trailer begins (byte " +
+                std::to_string(size_ - 61 + 4) + ")");
 }
 
 }  // namespace
