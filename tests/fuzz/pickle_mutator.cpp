@@ -34,15 +34,23 @@ namespace {
 
 using Bytes = std::vector<char>;
 
+// The file sound() checks archives in; removed when the process exits normally.
+struct ScratchFile {
+  ScratchFile() {
+    const char* dir = std::getenv("TMPDIR");
+    path = std::string(dir && *dir ? dir : "/tmp") + "/torchddp-mutate-" + std::to_string(::getpid()) + ".zip";
+  }
+  ~ScratchFile() { std::remove(path.c_str()); }
+  std::string path;
+};
+
 // `zip` if its structure is sound (the checks load_checkpoint runs first), else nothing: only
 // then may LibTorch's reader open it.
 std::optional<Bytes> sound(const Bytes& zip) {
-  const char* dir = std::getenv("TMPDIR");
-  static const std::string path =
-      std::string(dir && *dir ? dir : "/tmp") + "/torchddp-mutate-" + std::to_string(::getpid()) + ".zip";
-  std::ofstream(path, std::ios::binary | std::ios::trunc).write(zip.data(), static_cast<std::streamsize>(zip.size()));
+  static const ScratchFile file;
+  std::ofstream(file.path, std::ios::binary | std::ios::trunc).write(zip.data(), static_cast<std::streamsize>(zip.size()));
   try {
-    return ddp::read_checkpoint_file(path, /*allow_plain=*/true);
+    return ddp::read_checkpoint_file(file.path, /*allow_plain=*/true);
   } catch (const ddp::CheckpointError&) {
     return std::nullopt;
   }
