@@ -18,5 +18,7 @@ mkdir -p build-fuzz/corpus
 echo "== fuzzing load_checkpoint for ${seconds} s"
 cd build-fuzz/tests/fuzz
 # -rss_limit_mb: LibTorch's allocator keeps memory; the default 2 GB limit is not a leak signal here.
+# -dict: pickle opcodes for the mutations inside pickles (tests/fuzz/pickle_mutator.cpp);
+# -max_len: room for them to grow a checkpoint (the seeds are ~22 KB) by a nest of thousands of levels.
 ./load_checkpoint_fuzzer -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix=../../ \
-  ../../corpus ../../../tests/fuzz/corpus
+  -dict=../../../tests/fuzz/pickle.dict -max_len=65536 ../../corpus ../../../tests/fuzz/corpus

@@ -29,6 +29,10 @@ uint64_t little_endian(const std::vector<char>& zip, std::size_t at, std::size_t
   return value;
 }
 
+bool lies_inside(const std::vector<char>& zip, uint64_t at, uint64_t length) {
+  return at <= zip.size() && length <= zip.size() - at;
+}
+
 bool signature_at(const std::vector<char>& zip, std::size_t at, char kind_a, char kind_b) {
   return at <= zip.size() && zip.size() - at >= 4 && zip[at] == 'P' && zip[at + 1] == 'K' && zip[at + 2] == kind_a &&
          zip[at + 3] == kind_b;
@@ -164,30 +168,90 @@ caffe2::serialize::PyTorchStreamReader reader_of(const std::vector<char>& zip) {
 }
 
 // --- (1) the zip directory -------------------------------------------------------------------------------
-std::map<std::string, uint64_t> archive_records(const std::vector<char>& zip) {
-  // Every range LibTorch's zip reader (miniz, through adapters that do not check bounds) will read
-  // is checked to lie inside the archive, with sums that cannot overflow.
+namespace {
+
+// Where the central directory is, from the records after it.
+struct Directory {
+  uint64_t entries, offset, size;
+};
+
+// A checkpoint is one zip file, its end written the way LibTorch's and Python's writers do:
+//   central directory | [ZIP64 directory record | ZIP64 locator] | directory record (EOCD)
+// each part where the one after it says, on disk 0 of 1, with the same counts in every record.
+// Anything else is refused, with the field named: an edit there is accepted by some zip
+// readers and not by others (issue 28).
+Directory locate_directory(const std::vector<char>& zip) {
   const uint64_t total = zip.size();
-  auto inside = [&](uint64_t at, uint64_t length) { return at <= total && length <= total - at; };
-  // The end-of-central-directory record closes the archive, without a comment: so every writer of
-  // ours and torch.save leave it, and where it is, miniz finds it too.
+  // The EOCD closes the archive, without a comment: so every writer of ours and torch.save leave
+  // it, and where it is, miniz finds it too.
   if (total < 22 || !signature_at(zip, total - 22, 5, 6) || little_endian(zip, total - 2, 2) != 0) {
     throw PickleError("the zip archive does not end with its directory record");
   }
-  const std::size_t eocd = zip.size() - 22;
-  uint64_t entries = little_endian(zip, eocd + 10, 2);
-  uint64_t directory_size = little_endian(zip, eocd + 12, 4);
-  uint64_t directory = little_endian(zip, eocd + 16, 4);
+  const uint64_t eocd = total - 22;
+  auto one_disk = [](const std::string& record, uint64_t disk, uint64_t directory_disk) {
+    if (disk != 0 || directory_disk != 0) {
+      throw PickleError("the " + record + " is on disk " + std::to_string(disk) + " and names disk " +
+                        std::to_string(directory_disk) + " for the directory (a checkpoint is one file: disk 0 for both)");
+    }
+  };
+  auto same_count = [](const std::string& record, uint64_t on_disk, uint64_t in_all) {
+    if (on_disk != in_all) {
+      throw PickleError("the " + record + " counts " + std::to_string(on_disk) + " entries on this disk and " +
+                        std::to_string(in_all) + " in all (a checkpoint is one file: the same number)");
+    }
+  };
+  auto meets = [](const std::string& part, uint64_t from, uint64_t size, const std::string& next, uint64_t next_at) {
+    if (from > next_at || size != next_at - from) {
+      throw PickleError("the " + part + " (" + std::to_string(size) + " bytes from byte " + std::to_string(from) +
+                        ") does not end where the " + next + " begins (byte " + std::to_string(next_at) + ")");
+    }
+  };
+  one_disk("zip directory record", little_endian(zip, eocd + 4, 2), little_endian(zip, eocd + 6, 2));
+  same_count("zip directory record", little_endian(zip, eocd + 8, 2), little_endian(zip, eocd + 10, 2));
+  Directory directory{little_endian(zip, eocd + 10, 2), little_endian(zip, eocd + 16, 4), little_endian(zip, eocd + 12, 4)};
+  uint64_t directory_end = eocd;  // where the directory must end
+  std::string after_directory = "zip directory record";
   if (eocd >= 20 && signature_at(zip, eocd - 20, 6, 7)) {  // ZIP64: the real numbers are in its own record
-    const uint64_t eocd64 = little_endian(zip, eocd - 20 + 8, 8);
-    if (!inside(eocd64, 56) || !signature_at(zip, static_cast<std::size_t>(eocd64), 6, 6)) {
+    const uint64_t locator = eocd - 20, zip64 = little_endian(zip, locator + 8, 8);
+    if (little_endian(zip, locator + 4, 4) != 0 || little_endian(zip, locator + 16, 4) != 1) {
+      throw PickleError("the ZIP64 locator names disk " + std::to_string(little_endian(zip, locator + 4, 4)) + " of " +
+                        std::to_string(little_endian(zip, locator + 16, 4)) + " (a checkpoint is one file: disk 0 of 1)");
+    }
+    if (zip64 >= locator || locator - zip64 < 56 || !signature_at(zip, static_cast<std::size_t>(zip64), 6, 6)) {
       throw PickleError("the zip archive's ZIP64 directory record is missing");
     }
-    entries = little_endian(zip, eocd64 + 32, 8);
-    directory_size = little_endian(zip, eocd64 + 40, 8);
-    directory = little_endian(zip, eocd64 + 48, 8);
+    const uint64_t record_size = little_endian(zip, zip64 + 4, 8) + 12;  // its size field leaves out 12 bytes
+    meets("ZIP64 directory record", zip64, record_size, "ZIP64 locator", locator);
+    one_disk("ZIP64 directory record", little_endian(zip, zip64 + 16, 4), little_endian(zip, zip64 + 20, 4));
+    same_count("ZIP64 directory record", little_endian(zip, zip64 + 24, 8), little_endian(zip, zip64 + 32, 8));
+    const Directory wide{little_endian(zip, zip64 + 32, 8), little_endian(zip, zip64 + 48, 8), little_endian(zip, zip64 + 40, 8)};
+    // The EOCD's fields hold the same numbers, or all ones where they do not fit ("see ZIP64").
+    auto agree = [](const std::string& what, uint64_t narrow, uint64_t all_ones, uint64_t wide_value) {
+      if (narrow != wide_value && narrow != all_ones) {
+        throw PickleError("the zip directory record and its ZIP64 record disagree on the " + what + " (" +
+                          std::to_string(narrow) + " and " + std::to_string(wide_value) + ")");
+      }
+    };
+    agree("number of entries", directory.entries, 0xffff, wide.entries);
+    agree("directory's size", directory.size, 0xffffffff, wide.size);
+    agree("directory's offset", directory.offset, 0xffffffff, wide.offset);
+    directory = wide;
+    directory_end = zip64;
+    after_directory = "ZIP64 directory record";
   }
-  if (!inside(directory, directory_size)) throw PickleError("the zip directory lies outside the archive");
+  if (!lies_inside(zip, directory.offset, directory.size)) throw PickleError("the zip directory lies outside the archive");
+  meets("zip directory", directory.offset, directory.size, after_directory, directory_end);
+  return directory;
+}
+
+}  // namespace
+
+std::map<std::string, uint64_t> archive_records(const std::vector<char>& zip) {
+  // Every range LibTorch's zip reader (miniz, through adapters that do not check bounds) will read
+  // is checked to lie inside the archive, with sums that cannot overflow.
+  auto inside = [&](uint64_t at, uint64_t length) { return lies_inside(zip, at, length); };
+  const Directory found = locate_directory(zip);
+  const uint64_t entries = found.entries, directory = found.offset, directory_size = found.size;
   std::map<std::string, uint64_t> records;
   std::string prefix;  // every name starts with the archive's folder ("archive/"), which LibTorch drops
   uint64_t at = directory;
@@ -232,6 +296,10 @@ std::map<std::string, uint64_t> archive_records(const std::vector<char>& zip) {
     if (prefix.empty() || !starts_with(name, prefix)) throw PickleError("the zip archive's records are not in one folder");
     if (!records.emplace(name.substr(prefix.size()), size).second) throw PickleError("the zip archive holds " + name + " twice");
     at += 46 + name_size + extra_size + comment_size;
+  }
+  if (at != directory_end) {  // the rest would be entries only some readers see
+    throw PickleError("the zip directory's " + std::to_string(entries) + " entries take " + std::to_string(at - directory) +
+                      " bytes, its directory record says " + std::to_string(directory_size));
   }
   return records;
 }

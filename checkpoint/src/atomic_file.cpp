@@ -1,5 +1,5 @@
 // Crash-safe replace of a file: temp file in the same directory, flush to disk, atomic rename,
-// flush the directory. The only OS-specific code of checkpoint/.
+// flush the directory. Only a regular file is replaced. The only OS-specific code of checkpoint/.
 #include <ddp/atomic_file.h>
 
 #include <algorithm>
@@ -27,6 +27,49 @@ namespace {
 
 [[noreturn]] void fail(const std::string& step, const std::string& path, int error) {
   throw std::runtime_error("cannot write " + path + ": " + step + " failed: " + std::strerror(error));
+}
+
+// "a FIFO (named pipe)": what is at a path, for an error.
+std::string kind_of(std::filesystem::file_type type) {
+  using std::filesystem::file_type;
+  switch (type) {
+    case file_type::directory: return "a directory";
+    case file_type::fifo: return "a FIFO (named pipe)";
+    case file_type::character: return "a character device";
+    case file_type::block: return "a block device";
+    case file_type::socket: return "a socket";
+    default: return "a file of an unknown kind";
+  }
+}
+
+// The file a save replaces: `path`, or the regular file a symbolic link there names (torch.save
+// writes through a link, and so do we: the link stays, its file is replaced). Anything else is
+// refused, so a save never replaces a FIFO, a device node, a socket or a directory with a file
+// (issue 28: a FIFO or a device node at the path became a regular file).
+std::string file_to_replace(const std::string& path) {
+  namespace fs = std::filesystem;
+  const std::string not_regular =
+      ", not a regular file (a save replaces only a regular file, or creates one where nothing is)";
+  std::error_code error;
+  const fs::file_type own = fs::symlink_status(path, error).type();  // lstat: the link itself
+  if (own == fs::file_type::not_found || own == fs::file_type::regular) return path;
+  if (own != fs::file_type::symlink) {
+    if (own == fs::file_type::none) fail("lstat", path, error.value());
+    throw std::runtime_error("cannot write " + path + ": it is " + kind_of(own) + not_regular);
+  }
+  const std::string link = "it is a symbolic link to " + fs::read_symlink(path, error).string();
+  const fs::file_type target = fs::status(path, error).type();  // stat: what it names
+  if (target == fs::file_type::not_found) {
+    throw std::runtime_error("cannot write " + path + ": " + link +
+                             ", which does not exist (remove the link, or save to the path it names)");
+  }
+  if (target != fs::file_type::regular) {
+    if (target == fs::file_type::none) fail("stat", path, error.value());
+    throw std::runtime_error("cannot write " + path + ": " + link + ", which is " + kind_of(target) + not_regular);
+  }
+  const std::string file = fs::canonical(path, error).string();
+  if (error) fail("resolving the symbolic link", path, error.value());
+  return file;
 }
 
 int process_id() {
@@ -82,7 +125,8 @@ int remove_orphaned_temporaries(const std::string& directory) {
 
 #ifdef _WIN32
 
-void write_file_atomically(const std::string& path, const char* data, std::size_t size) {
+void write_file_atomically(const std::string& target, const char* data, std::size_t size) {
+  const std::string path = file_to_replace(target);
   const std::string temporary = temporary_path_for(path);
   int fd = _open(temporary.c_str(), _O_WRONLY | _O_CREAT | _O_TRUNC | _O_BINARY, _S_IREAD | _S_IWRITE);
   if (fd < 0) fail("open of " + temporary, path, errno);
@@ -117,11 +161,19 @@ void write_file_atomically(const std::string& path, const char* data, std::size_
 
 #else
 
-void write_file_atomically(const std::string& path, const char* data, std::size_t size) {
+void write_file_atomically(const std::string& target, const char* data, std::size_t size) {
+  const std::string path = file_to_replace(target);
   // A writer killed mid-write (SIGKILL, OOM) left its temporary file behind: nothing else removes it.
   remove_orphaned_temporaries(std::filesystem::path(path).parent_path().string());
   const std::string temporary = temporary_path_for(path);
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A regular file under our temporary name was left by a writer with our pid that died (pids
+  // are reused): ours to replace. Anything else there is not ours: O_EXCL refuses it (a link
+  // too), so we never write into it, and the unlinks below only ever remove our own file.
+  std::error_code ignored;
+  if (std::filesystem::symlink_status(temporary, ignored).type() == std::filesystem::file_type::regular) {
+    ::unlink(temporary.c_str());
+  }
+  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) fail("open of " + temporary, path, errno);
   auto abandon = [&](const std::string& step) {
     const int error = errno;
@@ -145,6 +197,14 @@ void write_file_atomically(const std::string& path, const char* data, std::size_
     const int error = errno;
     ::unlink(temporary.c_str());
     fail("close", path, error);
+  }
+  // Checked again: the write may have taken long. (A rename cannot be made conditional on what it
+  // replaces, so a node put there from now on would still be replaced.)
+  try {
+    file_to_replace(path);
+  } catch (const std::exception&) {
+    ::unlink(temporary.c_str());
+    throw;
   }
   if (::rename(temporary.c_str(), path.c_str()) != 0) {
     const int error = errno;

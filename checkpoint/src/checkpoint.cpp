@@ -360,10 +360,16 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module
     } catch (const std::exception& error) {
       throw CheckpointError("cannot read the optimizer state in " + path + ": " + error_text(error));
     }
+    c10::Device device = at::kCPU;
+    try {  // the device string comes from the file
+      device = options.map_location().device_for(saved_optimizer_device);
+    } catch (const std::exception& error) {
+      throw CheckpointError("cannot place the optimizer state from " + path + " (saved on " + saved_optimizer_device +
+                            ") where map_location puts it: " + error_text(error));
+    }
     try {
       torch::serialize::InputArchive optimizer_archive;
-      optimizer_archive.load_from(checked.data(), checked.size(),
-                                  options.map_location().device_for(saved_optimizer_device));
+      optimizer_archive.load_from(checked.data(), checked.size(), device);
       optimizer->load(optimizer_archive);
     } catch (const CheckpointError&) {
       throw;

@@ -245,6 +245,19 @@ std::vector<char> read_checkpoint_file(const std::string& path, bool allow_plain
     throw CheckpointError("checksum mismatch in " + path + ": stored crc32 " + hex32(stored_crc) +
                           ", computed " + hex32(actual_crc) + " (the file is corrupted)");
   }
+  // 3. The trailer is the whole comment of the zip directory record just before it, as
+  //    seal_archive wrote it: anything else would show zip readers other bytes than we check.
+  const char* eocd = bytes.data() + payload - kEocdSize;
+  if (std::memcmp(eocd, kEocdSignature, 4) != 0) {
+    throw CheckpointError(path + " is not a sound zip archive: the zip directory record does not end where the "
+                          "checkpoint trailer begins (byte " + std::to_string(payload) + ")");
+  }
+  const std::size_t comment = static_cast<unsigned char>(eocd[20]) | static_cast<std::size_t>(static_cast<unsigned char>(eocd[21])) << 8;
+  if (comment != kTrailerSize) {
+    throw CheckpointError(path + " is not a sound zip archive: the zip directory record gives its comment " +
+                          std::to_string(comment) + " bytes, but the checkpoint trailer after it is " +
+                          std::to_string(kTrailerSize));
+  }
   bytes.resize(payload);  // what zip readers see is unchanged: the comment is simply shorter
   bytes[payload - 2] = 0;
   bytes[payload - 1] = 0;

@@ -4,11 +4,18 @@
 // failing (issue 17 found each in re-sealed checkpoints). So we run the pickle on a shadow
 // machine first: the same stack, marks and memo, but values reduced to what a checkpoint can
 // hold, and every step checked. Only pickles that pass reach LibTorch.
+//
+// Nesting is bounded (issue 28): LibTorch builds and frees nested values recursively, so a
+// pickle nesting lists a few hundred thousand deep overflowed the stack. Each value here knows
+// how deep it nests; a container is filled before it goes inside another (as every pickler
+// writes it), so that depth stays true; and values are freed by a loop, not recursion.
 #include "pickle_check.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <vector>
@@ -19,15 +26,38 @@ namespace {
 enum class Kind { kNumber, kNone, kString, kTuple, kList, kDict, kGlobal, kStorage, kTensor, kObject };
 
 struct Value {
+  explicit Value(Kind k) : kind(k) {}
+  ~Value();
   Kind kind;
   std::string text;                           // kString; kGlobal: "module.name"; kObject: its class
-  std::vector<std::shared_ptr<Value>> items;  // kTuple, kList; kDict: key, value, key, value, ...
+  std::vector<std::shared_ptr<Value>> items;  // kTuple, kList; kDict: key, value, ...; kObject: its attributes
   int64_t number = 0;                         // kNumber (ints; floats and bools are 0); kStorage: elements
   bool is_int = false;                        // kNumber
+  int depth = 0;                              // containers nested here, this one included (0: not a container)
+  bool inside = false;                        // inside another value (so never changed again)
 };
 using ValuePtr = std::shared_ptr<Value>;
 
-ValuePtr make(Kind kind) { return std::make_shared<Value>(Value{kind, {}, {}, 0, false}); }
+// Frees the values nested in this one with a loop: the stack used stays the same however deep
+// they nest. A value still owned elsewhere is only released.
+Value::~Value() {
+  std::vector<ValuePtr> pending = std::move(items);
+  while (!pending.empty()) {
+    ValuePtr value = std::move(pending.back());
+    pending.pop_back();
+    if (value.use_count() == 1) {  // its last owner: take its items before it is freed below
+      std::move(value->items.begin(), value->items.end(), std::back_inserter(pending));
+      value->items.clear();
+    }
+  }
+}
+
+ValuePtr make(Kind kind) {
+  ValuePtr value = std::make_shared<Value>(kind);
+  const bool container = kind == Kind::kTuple || kind == Kind::kList || kind == Kind::kDict || kind == Kind::kObject;
+  value->depth = container ? 1 : 0;
+  return value;
+}
 
 // Bytes per element of the storage classes a tensor may name (torch.FloatStorage, ...).
 const std::map<std::string, int64_t>& storage_classes() {
@@ -41,6 +71,11 @@ const std::map<std::string, int64_t>& storage_classes() {
 
 constexpr int kMaxDims = 64;
 constexpr std::size_t kMaxTypeDepth = 32;
+// Lists, tuples, dicts and objects nest at most this deep. A checkpoint nests fewer than 10
+// levels (the optimizer's: object, dict, object, dict, object, dict, a tensor's arguments, its
+// sizes), and Python's pickler stops at its recursion limit, 1000 by default; LibTorch handles
+// 1000 levels (Corruption.DeepNestingIsRefusedBeforeItIsBuilt loads them).
+constexpr int kMaxDepth = 1000;
 
 class ShadowUnpickler {
  public:
@@ -114,10 +149,30 @@ class ShadowUnpickler {
     v->text = std::move(content);
     return v;
   }
-  ValuePtr sequence(Kind kind, std::vector<ValuePtr> items) {
+  ValuePtr sequence(Kind kind, const std::vector<ValuePtr>& items) {
     ValuePtr v = make(kind);
-    v->items = std::move(items);
+    nest(*v, items, "a TUPLE");
     return v;
+  }
+
+  // --- nesting: every value put inside another goes through here ------------------------------------
+  // `container` gets `items` (`change` names the instruction, for errors). The container must not
+  // be inside another value yet: then no value's depth changes once it is nested, and no value
+  // comes to contain itself.
+  void nest(Value& container, const std::vector<ValuePtr>& items, const std::string& change) {
+    if (container.inside) {
+      fail(change + " that is already inside another value (no pickler writes one; it would hide how deep values nest)");
+    }
+    for (const auto& item : items) {
+      if (item.get() == &container) fail(change + " of itself");
+      container.depth = std::max(container.depth, item->depth + 1);
+      item->inside = true;
+    }
+    if (container.depth > kMaxDepth) {
+      fail("lists, tuples, dicts and objects nested " + std::to_string(container.depth) + " deep, more than the " +
+           std::to_string(kMaxDepth) + " levels a checkpoint may have (its own nest fewer than 10)");
+    }
+    container.items.insert(container.items.end(), items.begin(), items.end());
   }
 
   // --- the memo: LibTorch sizes its table by the largest index, so that is bounded ---------------------
@@ -176,7 +231,7 @@ class ShadowUnpickler {
       case 'c': { std::string module = read_line(); push(global(module, read_line())); return; }
       case 'R': { ValuePtr args = pop(); ValuePtr callable = pop(); push(reduce(*callable, *args)); return; }
       case '\x81': { ValuePtr args = pop(); ValuePtr type = pop(); push(new_object(*type, *args)); return; }
-      case 'b': { ValuePtr state = pop(); build(*top(), *state); return; }
+      case 'b': { ValuePtr state = pop(); build(*top(), state); return; }
       case 'Q': push(persistent_load(*pop())); return;
       default: {
         char code[8];
@@ -188,7 +243,7 @@ class ShadowUnpickler {
 
   void append(ValuePtr& list, const std::vector<ValuePtr>& items) {
     if (list->kind != Kind::kList) fail("APPEND to something that is not a list");
-    list->items.insert(list->items.end(), items.begin(), items.end());
+    nest(*list, items, "an APPEND to a list");
   }
   void set_items(ValuePtr& dict, const std::vector<ValuePtr>& items) {
     if (dict->kind != Kind::kDict) fail("SETITEM on something that is not a dict");
@@ -199,7 +254,7 @@ class ShadowUnpickler {
         fail("a dict key that is neither a string nor an integer");
       }
     }
-    dict->items.insert(dict->items.end(), items.begin(), items.end());
+    nest(*dict, items, "a SETITEM on a dict");
   }
 
   // --- globals: only the functions and classes a checkpoint uses ------------------------------------
@@ -308,12 +363,13 @@ class ShadowUnpickler {
     if (args.kind != Kind::kTuple || !args.items.empty()) fail("an object created with arguments");
     return text(Kind::kObject, type.text);
   }
-  void build(const Value& object, const Value& state) {
+  void build(Value& object, const ValuePtr& state) {
     if (object.kind != Kind::kObject) fail("BUILD on something that is not an object");
-    if (state.kind != Kind::kDict) fail("an object's attributes that are not a dict");
-    for (std::size_t i = 0; i < state.items.size(); i += 2) {
-      if (state.items[i]->kind != Kind::kString) fail("an attribute name that is not a string");
+    if (state->kind != Kind::kDict) fail("an object's attributes that are not a dict");
+    for (std::size_t i = 0; i < state->items.size(); i += 2) {
+      if (state->items[i]->kind != Kind::kString) fail("an attribute name that is not a string");
     }
+    nest(object, {state}, "a BUILD of an object");  // LibTorch keeps them in the object
   }
 
   std::string_view pickle_;

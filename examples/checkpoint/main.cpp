@@ -35,6 +35,10 @@ int run(int argc, char** argv) {
   ddp::DistributedDataParallel ddp_model(model, pg);
   torch::optim::SGD optimizer(ddp_model.parameters(), torch::optim::SGDOptions(0.001));
 
+  // The file is removed at the end only if this run creates it: PATH may name something of yours.
+  std::error_code error;
+  const bool created = rank == 0 && !std::filesystem::exists(std::filesystem::symlink_status(path, error));
+
   // Only rank 0 writes; save_checkpoint is also the barrier: no rank returns before the file is
   // complete on disk, so the loads below never see a partial file.
   ddp::TrainingState state;
@@ -66,7 +70,7 @@ int run(int argc, char** argv) {
   }
   ddp::barrier();  // every rank has finished with the file
   if (rank == 0) {
-    std::filesystem::remove(path);
+    if (created) std::filesystem::remove(path);
     std::cout << "replicas identical (weight checksum " << checksum.item<float>() << ")" << std::endl;
   }
   ddp::destroy_process_group();

@@ -1,4 +1,6 @@
 // Damaged or mismatched checkpoints: each gives an error that names the file and the problem.
+#include <cinttypes>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -7,6 +9,7 @@
 #include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
 #include <torch/torch.h>
+#include <zlib.h>
 
 #include <ddp/checkpoint.h>
 
@@ -230,6 +233,38 @@ void replace(std::string& text, const std::string& from, const std::string& to) 
   text.replace(at, from.size(), to);
 }
 
+std::string repeat(const std::string& part, int times) {
+  std::string text;
+  for (int i = 0; i < times; ++i) text += part;
+  return text;
+}
+
+// Pickle opcodes leaving one value on the stack: `depth` containers, each inside the next, as
+// LibTorch's unpickler reads them. 'l': lists (EMPTY_LIST, MARK ... APPENDS), 'd': dicts under
+// the key 0 (EMPTY_DICT, MARK, BININT1 0 ... SETITEMS), 't': tuples (MARK ... TUPLE).
+std::string nested(char kind, int depth) {
+  if (kind == 'l') return repeat("](", depth - 1) + "]" + std::string(depth - 1, 'e');
+  if (kind == 'd') return repeat(std::string("}(K\0", 4), depth - 1) + "}" + std::string(depth - 1, 'u');
+  return std::string(depth, '(') + std::string(depth, 't');
+}
+
+// The same depth reached without nesting a full container: `depth` empty lists in the memo,
+// then each appended to the one before it, which is already inside a list by then.
+std::string nested_by_memo(int depth) {
+  auto index = [](int i) { return std::string(reinterpret_cast<const char*>(&i), 4); };  // little endian
+  std::string text;
+  for (int i = 0; i < depth; ++i) text += "]r" + index(i) + "0";  // EMPTY_LIST, LONG_BINPUT i, POP
+  for (int i = 0; i + 1 < depth; ++i) {
+    text += "j" + index(i) + "(j" + index(i + 1) + "e0";  // LONG_BINGET i, MARK, LONG_BINGET i+1, APPENDS, POP
+  }
+  return text + "j" + index(0);
+}
+
+// An extra entry "deep" -> `value` in the dict opened by `opening` (the first one in the pickle).
+std::function<void(std::string&)> add_entry(const std::string& opening, const std::string& value) {
+  return [=](std::string& pickle) { replace(pickle, opening, opening + std::string("X\4\0\0\0deep", 9) + value); };
+}
+
 }  // namespace resealed
 
 TEST_F(Corruption, DamageBehindAValidChecksumIsRefusedNotRun) {
@@ -275,6 +310,60 @@ TEST_F(Corruption, DamageBehindAValidChecksumIsRefusedNotRun) {
   }
 }
 
+// Containers nested a few hundred thousand deep (issue 28): the checker's values, and LibTorch's
+// after it, are built and freed recursively, so such a file ended the job with SIGSEGV. Refused
+// now before anything nests, in every record that holds a pickle; nesting up to the bound passes
+// the checker and LibTorch reads it (the entry is then refused for not being a tensor).
+TEST_F(Corruption, DeepNestingIsRefusedBeforeItIsBuilt) {
+  constexpr int kDeep = 300000;
+  const std::string model_dict = std::string("}(", 2), object_dict = std::string(")\x81}(", 4);
+  struct Case {
+    const char* name;
+    std::string record;
+    std::function<void(std::string&)> edit;
+    std::string where, what;  // the error is where + (a byte offset) + what
+  };
+  const std::string too_deep = ": lists, tuples, dicts and objects nested 1001 deep, more than the 1000 levels a "
+                               "checkpoint may have (its own nest fewer than 10)";
+  const std::vector<Case> cases = {
+      {"model-root", "data.pkl", [&](std::string& p) { p = std::string("\x80\x02", 2) + resealed::nested('l', kDeep) + "."; },
+       "cannot read the model state in %: record data.pkl, byte ", too_deep},
+      {"model-dict-value", "data.pkl", resealed::add_entry(model_dict, resealed::nested('d', kDeep)),
+       "cannot read the model state in %: record data.pkl, byte ", too_deep},
+      {"training-state", "ddp_training_state/data.pkl", resealed::add_entry(object_dict, resealed::nested('t', kDeep)),
+       "cannot read the training state in %: record data.pkl, byte ", too_deep},
+      {"optimizer", "ddp_optimizer_state/data.pkl", resealed::add_entry(object_dict, resealed::nested('l', kDeep)),
+       "cannot read the optimizer state in %: record data.pkl, byte ", too_deep},
+      // Nesting built by filling lists already inside others, which a depth counted as values
+      // are made would not see.
+      {"filled-after-nesting", "data.pkl", resealed::add_entry(model_dict, resealed::nested_by_memo(kDeep)),
+       "cannot read the model state in %: record data.pkl, byte ",
+       ": an APPEND to a list that is already inside another value (no pickler writes one; it would hide how deep "
+       "values nest)"},
+      // The bound itself: the root dict and 999 levels below it are 1000.
+      {"at-the-bound", "data.pkl", resealed::add_entry(model_dict, resealed::nested('l', 999)),
+       "% does not hold a state_dict: entry deep is a GenericList", ", not a tensor under a name"},
+      {"one-past-the-bound", "data.pkl", resealed::add_entry(model_dict, resealed::nested('l', 1000)),
+       "cannot read the model state in %: record data.pkl, byte ", too_deep},
+  };
+  const std::vector<char> archive = ddp::read_checkpoint_file(path_);
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<char> crafted = resealed::rewrite(archive, c.record, c.edit);
+    ddp::seal_archive(crafted);
+    const std::string file = dir_ + "/resealed-" + c.name + ".pt";
+    std::ofstream(file, std::ios::binary).write(crafted.data(), static_cast<std::streamsize>(crafted.size()));
+    std::string where = c.where;
+    where.replace(where.find('%'), 1, file);
+    ToyModel target;
+    torch::optim::Adam adam(target->parameters());  // so the optimizer record is read too
+    const std::string error =
+        ddp::test::error_of<ddp::CheckpointError>([&] { ddp::load_checkpoint(file, *target, &adam); });
+    EXPECT_EQ(error.rfind(where, 0), 0u) << error;
+    EXPECT_TRUE(contains(error, c.what)) << error;
+  }
+}
+
 // The zip directory of a re-sealed file points past its end: LibTorch's zip reader would copy
 // from there (it did: a SEGV the fuzzer found). Refused before any LibTorch reader runs.
 TEST_F(Corruption, AZipDirectoryOutsideTheFileIsRefused) {
@@ -288,6 +377,7 @@ TEST_F(Corruption, AZipDirectoryOutsideTheFileIsRefused) {
     uint64_t record = 0;
     for (int i = 0; i < 8; ++i) record |= static_cast<uint64_t>(static_cast<unsigned char>(archive[eocd - 12 + i])) << (8 * i);
     put(static_cast<std::size_t>(record) + 48, ~uint64_t{0} - 16, 8);
+    put(eocd + 16, 0xffffffffu, 4);  // the directory record's offset: "see the ZIP64 record"
   } else {
     put(eocd + 16, 0xfffffff0u, 4);
   }
@@ -297,6 +387,167 @@ TEST_F(Corruption, AZipDirectoryOutsideTheFileIsRefused) {
   EXPECT_EQ(load_error(file), file + " is not a sound zip archive: the zip directory lies outside the archive");
   EXPECT_EQ(ddp::test::error_of<ddp::CheckpointError>([&] { ddp::load_state_dict(file); }),
             file + " is not a sound zip archive: the zip directory lies outside the archive");
+}
+
+// A device entry naming "meta" (issue 28): LibTorch placed the tensor there, then the copy into
+// the model threw c10::NotImplementedError out of load_checkpoint. The same device as the
+// optimizer's reached LibTorch's archive reader. Both are CheckpointErrors naming what and where.
+TEST_F(Corruption, TheMetaDeviceIsRefusedAsAPlaceForTensors) {
+  const std::vector<char> archive = ddp::read_checkpoint_file(path_);
+  auto load_crafted = [&](const std::string& name, const std::string& record,
+                          const std::function<void(std::string&)>& edit) {
+    std::vector<char> crafted = resealed::rewrite(archive, record, edit);
+    ddp::seal_archive(crafted);
+    const std::string file = dir_ + "/" + name + ".pt";
+    std::ofstream(file, std::ios::binary).write(crafted.data(), static_cast<std::streamsize>(crafted.size()));
+    ToyModel target;
+    torch::optim::Adam adam(target->parameters());
+    return ddp::test::error_of<ddp::CheckpointError>([&] { ddp::load_checkpoint(file, *target, &adam); });
+  };
+  const std::string no_data = "map_location: the meta device holds no data, so a checkpoint cannot be loaded onto it "
+                              "(map it to a device that does, e.g. ddp::MapLocation(\"cpu\"))";
+  EXPECT_EQ(load_crafted("meta-tensor", "ddp_devices",
+                         [](std::string& devices) { resealed::replace(devices, "cpu net1.weight", "meta net1.weight"); }),
+            "cannot place net1.weight from " + dir_ + "/meta-tensor.pt (saved on meta) where map_location puts it: " +
+                no_data);
+  EXPECT_EQ(load_crafted("meta-optimizer", "ddp_training_state/data.pkl",
+                         [](std::string& pickle) {
+                           const std::string cpu("X\3\0\0\0cpu", 8), meta("X\4\0\0\0meta", 9);
+                           pickle.replace(pickle.find(cpu, pickle.find("optimizer_device")), cpu.size(), meta);
+                         }),
+            "cannot place the optimizer state from " + dir_ + "/meta-optimizer.pt (saved on meta) where map_location "
+            "puts it: " + no_data);
+}
+
+// Edits of the zip's end-of-directory records, re-sealed (issue 28: they were accepted). A
+// checkpoint is one zip file: its directory is followed by the ZIP64 directory record, its
+// locator and the directory record (EOCD), which all agree; anything else is refused.
+class ZipDirectoryRecord : public Corruption {
+ protected:
+  void SetUp() override {
+    Corruption::SetUp();
+    original_ = ddp::read_checkpoint_file(path_);
+    reset();
+    eocd_ = archive_.size() - 22;
+    ASSERT_TRUE(get(eocd_ - 20, 4) == 0x07064b50u) << "the test expects LibTorch's ZIP64 records";
+    zip64_ = static_cast<std::size_t>(get(eocd_ - 12, 8));
+    entries_ = get(eocd_ + 10, 2);
+  }
+  void reset() { archive_ = original_; }  // undoes the edits
+  uint64_t get(std::size_t at, int bytes) const {
+    uint64_t value = 0;
+    for (int i = 0; i < bytes; ++i) value |= static_cast<uint64_t>(static_cast<unsigned char>(archive_[at + i])) << (8 * i);
+    return value;
+  }
+  void put(std::size_t at, uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; ++i) archive_[at + i] = static_cast<char>((value >> (8 * i)) & 0xff);
+  }
+  // Sealed as save_checkpoint seals, then `after_sealing` (the file before its trailer, which is
+  // then written anew: the size and CRC-32 of what the edit left), as a crafter would.
+  std::string error_after(const std::string& name,
+                          const std::function<void(std::vector<char>&)>& after_sealing = nullptr) {
+    std::vector<char> bytes = archive_;
+    ddp::seal_archive(bytes);
+    if (after_sealing) {
+      constexpr std::size_t kTrailer = 61;  // "torchddp-checkpoint v1 bytes=<16> crc32=<8>\n"
+      bytes.resize(bytes.size() - kTrailer);
+      after_sealing(bytes);
+      char trailer[kTrailer + 1];
+      std::snprintf(trailer, sizeof(trailer), "torchddp-checkpoint v1 bytes=%016" PRIx64 " crc32=%08" PRIx32 "\n",
+                    static_cast<uint64_t>(bytes.size()),
+                    static_cast<uint32_t>(crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), bytes.size())));
+      bytes.insert(bytes.end(), trailer, trailer + kTrailer);
+    }
+    const std::string file = dir_ + "/" + name + ".pt";
+    std::ofstream(file, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    const std::string error = load_error(file);
+    const std::string head = file + " is not a sound zip archive: ";
+    EXPECT_EQ(error.rfind(head, 0), 0u) << error;
+    return error.rfind(head, 0) == 0 ? error.substr(head.size()) : error;
+  }
+
+  std::vector<char> original_, archive_;
+  std::size_t eocd_ = 0, zip64_ = 0;
+  uint64_t entries_ = 0;
+};
+
+TEST_F(ZipDirectoryRecord, DiskNumbersOtherThanOneFileAreRefused) {
+  put(eocd_ + 4, 1, 2);  // this disk
+  EXPECT_EQ(error_after("eocd-disk"),
+            "the zip directory record is on disk 1 and names disk 0 for the directory (a checkpoint is one file: "
+            "disk 0 for both)");
+  reset();
+  put(eocd_ + 6, 2, 2);  // the directory's disk
+  EXPECT_EQ(error_after("eocd-directory-disk"),
+            "the zip directory record is on disk 0 and names disk 2 for the directory (a checkpoint is one file: "
+            "disk 0 for both)");
+  reset();
+  put(zip64_ + 16, 1, 4);
+  EXPECT_EQ(error_after("zip64-disk"),
+            "the ZIP64 directory record is on disk 1 and names disk 0 for the directory (a checkpoint is one file: "
+            "disk 0 for both)");
+  reset();
+  put(eocd_ - 20 + 16, 2, 4);  // the locator's count of disks
+  EXPECT_EQ(error_after("locator-disks"),
+            "the ZIP64 locator names disk 0 of 2 (a checkpoint is one file: disk 0 of 1)");
+}
+
+TEST_F(ZipDirectoryRecord, EntryCountsThatDisagreeAreRefused) {
+  put(eocd_ + 8, entries_ - 1, 2);  // on this disk, not in all
+  EXPECT_EQ(error_after("entries-on-disk"),
+            "the zip directory record counts " + std::to_string(entries_ - 1) + " entries on this disk and " +
+                std::to_string(entries_) + " in all (a checkpoint is one file: the same number)");
+  reset();
+  put(eocd_ + 8, entries_ - 1, 2);  // the directory record against its ZIP64 record
+  put(eocd_ + 10, entries_ - 1, 2);
+  EXPECT_EQ(error_after("eocd-against-zip64"),
+            "the zip directory record and its ZIP64 record disagree on the number of entries (" +
+                std::to_string(entries_ - 1) + " and " + std::to_string(entries_) + ")");
+  reset();
+  for (std::size_t at : {eocd_ + 8, eocd_ + 10}) put(at, entries_ - 1, 2);  // all agree, the directory holds more
+  for (std::size_t at : {zip64_ + 24, zip64_ + 32}) put(at, entries_ - 1, 8);
+  const std::string error = error_after("fewer-entries");
+  EXPECT_TRUE(contains(error, "the zip directory's " + std::to_string(entries_ - 1) + " entries take ")) << error;
+  EXPECT_TRUE(contains(error, " bytes, its directory record says " + std::to_string(get(eocd_ + 12, 4)))) << error;
+}
+
+TEST_F(ZipDirectoryRecord, SizesAndOffsetsThatDoNotMeetAreRefused) {
+  const uint64_t directory = get(eocd_ + 16, 4), size = get(eocd_ + 12, 4);
+  const std::string before_zip64 = ") does not end where the ZIP64 directory record begins (byte " + std::to_string(zip64_) + ")";
+  put(eocd_ + 12, size + 1, 4);  // the directory's size, in both records
+  put(zip64_ + 40, size + 1, 8);
+  EXPECT_EQ(error_after("directory-size"),
+            "the zip directory (" + std::to_string(size + 1) + " bytes from byte " + std::to_string(directory) + before_zip64);
+  reset();
+  put(eocd_ + 16, directory - 1, 4);  // the directory's offset, in both records
+  put(zip64_ + 48, directory - 1, 8);
+  EXPECT_EQ(error_after("directory-offset"),
+            "the zip directory (" + std::to_string(size) + " bytes from byte " + std::to_string(directory - 1) + before_zip64);
+  reset();
+  put(eocd_ + 12, size - 1, 4);  // the directory record against its ZIP64 record
+  EXPECT_EQ(error_after("size-against-zip64"),
+            "the zip directory record and its ZIP64 record disagree on the directory's size (" + std::to_string(size - 1) +
+                " and " + std::to_string(size) + ")");
+  reset();
+  put(zip64_ + 4, get(zip64_ + 4, 8) + 8, 8);  // the ZIP64 record's own size
+  EXPECT_EQ(error_after("zip64-size"),
+            "the ZIP64 directory record (" + std::to_string(eocd_ - 20 - zip64_ + 8) + " bytes from byte " +
+                std::to_string(zip64_) + ") does not end where the ZIP64 locator begins (byte " +
+                std::to_string(eocd_ - 20) + ")");
+}
+
+TEST_F(ZipDirectoryRecord, TheTrailerMustBeItsWholeComment) {
+  // The comment's length, which reading zeroes (for zip readers the trailer is the comment).
+  EXPECT_EQ(error_after("comment-length", [](std::vector<char>& bytes) { bytes[bytes.size() - 2] = 0; }),
+            "the zip directory record gives its comment 0 bytes, but the checkpoint trailer after it is 61");
+  // Bytes between the directory record and the trailer, the comment's length stretched over them.
+  EXPECT_EQ(error_after("trailing-bytes",
+                        [](std::vector<char>& bytes) {
+                          bytes[bytes.size() - 2] = 61 + 4;
+                          bytes.insert(bytes.end(), {'j', 'u', 'n', 'k'});
+                        }),
+            "the zip directory record does not end where the checkpoint trailer begins (byte " +
+                std::to_string(size_ - 61 + 4) + ")");
 }
 
 }  // namespace

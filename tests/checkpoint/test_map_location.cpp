@@ -69,4 +69,23 @@ TEST(MapLocation, BadDeviceStringsAreNamed) {
   }
 }
 
+// The meta device holds no data: nothing loaded onto it could be copied into a model (issue 28).
+TEST(MapLocation, TheMetaDeviceIsNoPlaceForATensor) {
+  const std::string no_data = "map_location: the meta device holds no data, so a checkpoint cannot be loaded onto it "
+                              "(map it to a device that does, e.g. ddp::MapLocation(\"cpu\"))";
+  try {
+    ddp::MapLocation().device_for("meta");
+    FAIL() << "placed a tensor on meta";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_EQ(error.what(), no_data);
+  }
+  try {
+    ddp::MapLocation("meta").device_for("cpu");
+    FAIL() << "placed a tensor on meta";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_EQ(error.what(), no_data);
+  }
+  EXPECT_EQ(ddp::MapLocation("cpu").device_for("meta"), c10::Device(c10::kCPU));  // saved there, placed elsewhere
+}
+
 }  // namespace

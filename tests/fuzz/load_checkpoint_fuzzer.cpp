@@ -6,8 +6,10 @@
 // ddp::CheckpointError; anything else escaping, or a crash, is a finding.
 //
 // Built two ways (CMakeLists.txt beside this file): with clang -fsanitize=fuzzer by
-// scripts/fuzz.sh, and with replay_main.cpp as the test fuzz.CorpusLoadsOrIsRefused, which runs
-// every file in corpus/ (the seeds and each input a fuzzing run once found) through this target.
+// scripts/fuzz.sh, with pickle_mutator.cpp (mutations inside the archive's pickles, the archive
+// rewritten around them) and pickle.dict; and with replay_main.cpp as the test
+// fuzz.CorpusLoadsOrIsRefused, which runs every file in corpus/ (the seeds, each input a fuzzing
+// run once found, and make_nesting_inputs.py's) through this target.
 #include "load_checkpoint_fuzzer.h"
 
 #include <unistd.h>

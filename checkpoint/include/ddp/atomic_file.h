@@ -11,6 +11,10 @@ namespace ddp {
 // old file or the complete new one: write a temporary file in the same directory, flush it to
 // disk, atomically rename it over `path`, then flush the directory entry. Throws
 // std::runtime_error naming the failed step and the OS error.
+// Only a regular file is replaced: `path` holding a directory, FIFO, device node or socket is
+// refused ("cannot write <path>: it is a FIFO (named pipe), not a regular file ...") and left as
+// it is. A symbolic link is written through, as torch.save does (the link stays, the regular file
+// it names is replaced); a link to anything else, or to nothing, is refused.
 void write_file_atomically(const std::string& path, const char* data, std::size_t size);
 
 // The name of the temporary file write_file_atomically uses for `path` in this process.

@@ -33,6 +33,8 @@ class MapLocation {
   // Pure: maps a device string to a device string, valid even without a GPU.
   // Throws std::invalid_argument naming a string that is not a device.
   std::string operator()(const std::string& saved_device) const;
+  // Where a tensor saved on `saved_device` is placed. Throws c10::Error for a string that is not
+  // a device, std::invalid_argument for the meta device (it holds no data to load into a model).
   c10::Device device_for(const std::string& saved_device) const;
 
  private:
