@@ -8,6 +8,9 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/version.h>
 
 #include <ddp/distributed_data_parallel.h>
 
@@ -169,6 +172,32 @@ TEST(CollectiveSafety, DdpCollectivesNeverPairWithTheProgramsOwn) {
   RunOptions options;
   options.timeout = std::chrono::seconds(60);
   EXPECT_WORKERS_OK(run_workers("ddp_never_pairs_with_user", 2, options));
+}
+
+// The same program on a group built with c10d directly used to end with both ranks "succeeding"
+// and diverged replicas (DDP shared the group, so rank 1's impostor stood in for the bucket).
+// Such a group cannot be split: DDP refuses it, saying how to make one it can use.
+DDP_WORKER(ddp_refuses_a_c10d_group) {
+  const int rank = worker_rank(), world = worker_world_size();
+  auto store = c10::make_intrusive<c10d::FileStore>(std::string(std::getenv("DDP_TEST_STORE")) + ".c10d", world);
+  auto options = c10d::ProcessGroupGloo::Options::create();
+  options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, options);
+#if TORCH_VERSION_MAJOR >= 2  // a Backend, dispatched to by a ProcessGroup (2.6's constructor)
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world);
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+#else
+  ddp::ProcessGroupPtr group = gloo;
+#endif
+  MLP net;
+  const std::string message = error_of<std::invalid_argument>(
+      [&] { ddp::DistributedDataParallel model(net, ddp::DDPOptions().process_group(group)); });
+  require_mentions(message, "built with c10d directly", "rank " + std::to_string(rank));
+  require_mentions(message, "ddp::init_process_group (the default group) or ddp::new_group", "rank " + std::to_string(rank));
+}
+TEST(CollectiveSafety, DdpRefusesAGroupBuiltWithC10dDirectly) {
+  EXPECT_WORKERS_OK(run_workers("ddp_refuses_a_c10d_group", 2));
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 // combine with, and every misuse.
 #include <cmath>
 
+#include <functional>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -240,14 +242,14 @@ TEST(CommHooksErrors, FutureWithWrongShapeOrDtypeNamesTheBucket) { EXPECT_WORKER
 
 // A hook that throws on rank 0's bucket 1: rank 0 gets the error at the end of backward naming the
 // bucket and the hook's message; rank 1, whose bucket-1 collective has no partner, gets a clear
-// error within the timeout instead of hanging.
-DDP_WORKER(throwing_hook) {
+// error within the timeout instead of hanging. `thrower` throws what the hook throws.
+void check_throwing_hook(const std::function<void()>& thrower, const std::string& rank0_hears) {
   worker_init(std::chrono::seconds(5));
   const int rank = ddp::get_rank(), world = ddp::get_world_size();
   MLP net;
   ddp::DistributedDataParallel model(net, small_buckets());
-  model.register_comm_hook([rank](ddp::GradBucket& bucket) {
-    if (rank == 0 && bucket.index() == 1) throw std::runtime_error("deliberate failure in the hook");
+  model.register_comm_hook([rank, thrower](ddp::GradBucket& bucket) {
+    if (rank == 0 && bucket.index() == 1) thrower();
     bucket.buffer().div_(bucket.world_size());
     return ddp::hooks::allreduce_future(bucket.process_group(), bucket.buffer());
   });
@@ -259,12 +261,24 @@ DDP_WORKER(throwing_hook) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (rank == 0) {
     require_mentions(message, "gradient bucket 1", "rank 0");
-    require_mentions(message, "deliberate failure in the hook", "rank 0");
+    require_mentions(message, rank0_hears, "rank 0");
   } else {
     require(!message.empty(), "rank 1's backward succeeded although rank 0 never reduced bucket 1");
     require_mentions(message, "gradient bucket 1", "rank 1");
     require(seconds < 30, "rank 1 took " + std::to_string(seconds) + " s to fail");
   }
+}
+DDP_WORKER(throwing_hook) {
+  check_throwing_hook([] { throw std::runtime_error("deliberate failure in the hook"); }, "deliberate failure in the hook");
+}
+// Something that is not a std::exception used to end the process (std::terminate on the hook thread).
+DDP_WORKER(throwing_hook_not_std) {
+  check_throwing_hook([] { throw 42; }, "it threw something that is not a std::exception");
+}
+TEST(CommHooksErrors, AHookThrowingANonStdExceptionIsTheBucketsError) {
+  RunOptions options;
+  options.timeout = std::chrono::seconds(60);
+  EXPECT_WORKERS_OK(run_workers("throwing_hook_not_std", 2, options));
 }
 TEST(CommHooksErrors, ThrowingHookReachesTheUserAndPeersFailInsteadOfHanging) {
   RunOptions options;

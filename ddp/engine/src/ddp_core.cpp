@@ -28,10 +28,17 @@ DDPCore::DDPCore(torch::nn::Module& module, DDPOptions options)
   if (!options_.process_group()) options_.process_group(ddp::default_group());
   // DDP's own collectives go over a group of their own (same ranks, own connections), so that none
   // of them can ever pair with a collective the program runs on the group it passed in: uneven
-  // loops become an error instead of silently averaging the wrong tensors. A group this library did
-  // not make (built with c10d directly) cannot be split: then DDP shares it.
+  // loops become an error instead of silently averaging the wrong tensors. A group built with c10d
+  // directly cannot be split (c10d does not tell its store): sharing it let a program's allreduce
+  // of a bucket's size stand in for the bucket on one rank, so it is refused.
   impl_->group = split_off(options_.process_group(), "ddp");
-  if (!impl_->group) impl_->group = options_.process_group();
+  if (!impl_->group) {
+    throw std::invalid_argument(
+        "DistributedDataParallel: the process group was built with c10d directly, so DDP cannot give its "
+        "collectives a group of their own, and sharing it lets one of the program's collectives pair with a "
+        "gradient bucket's and average the wrong tensors without an error. Make the group with "
+        "ddp::init_process_group (the default group) or ddp::new_group.");
+  }
   const ProcessGroupPtr& group = impl_->group;
   if (options_.bucket_cap_mb() < 0 || options_.first_bucket_cap_mb() < 0) {
     throw std::invalid_argument("DistributedDataParallel: bucket_cap_mb and first_bucket_cap_mb must be >= 0, got " +

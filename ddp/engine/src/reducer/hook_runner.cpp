@@ -100,6 +100,11 @@ void HookRunner::run() {
         error = std::make_exception_ptr(std::runtime_error(
             "DistributedDataParallel: the communication hook '" + hook_.name() + "' failed on gradient bucket " +
             std::to_string(index) + " of " + std::to_string(buckets_.size()) + ": " + failure.what()));
+      } catch (...) {  // anything else thrown on this thread would end the process
+        error = std::make_exception_ptr(std::runtime_error(
+            "DistributedDataParallel: the communication hook '" + hook_.name() + "' failed on gradient bucket " +
+            std::to_string(index) + " of " + std::to_string(buckets_.size()) +
+            ": it threw something that is not a std::exception (throw std::runtime_error or another std::exception)"));
       }
     }
     lock.lock();
