@@ -21,6 +21,8 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include "command_line.h"
+
 #include <ddp/comm_hooks.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/distributed_sampler.h>
@@ -220,7 +222,6 @@ int run(const Options& options) {
     }
 #ifdef TRAIN_HAS_CHECKPOINT
     if (!options.checkpoint_dir.empty()) {
-      std::filesystem::create_directories(options.checkpoint_dir);
       const ddp::TrainingState state{epoch + 1, /*global_step*/ 0, ddp::SamplerState{epoch + 1, 0}, {}};
       ddp::save_checkpoint(ddp::checkpoint_path(options.checkpoint_dir, epoch + 1), model, &optimizer, state,
                            ddp::CheckpointOptions().keep_last(2));
@@ -240,16 +241,7 @@ int run(const Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
-  // CLI11's PositiveNumber prints the whole double range; this names the rule instead.
-  const CLI::Validator positive(
-      [](std::string& text) -> std::string {
-        try {
-          if (std::stod(text) > 0) return "";
-        } catch (const std::exception&) {
-        }
-        return "must be a positive number, got '" + text + "'";
-      },
-      "POSITIVE");
+  const CLI::Validator positive = examples::positive();  // finite and > 0 (command_line.h)
   CLI::App app{"Train a small CNN on Fashion-MNIST with DistributedDataParallel (one process per rank)"};
   app.add_option("--epochs", options.epochs, "passes over the training set")->check(positive);
   app.add_option("--batch-size", options.batch_size, "samples per step on each rank")->check(positive);
@@ -260,18 +252,19 @@ int main(int argc, char** argv) {
   app.add_option("--backend", options.backend, "gloo, nccl or auto");
   app.add_option("--seed", options.seed, "model initialization and shuffle seed");
   app.add_option("--data-dir", options.data_dir, "folder with the Fashion-MNIST *-ubyte.gz files");
-  app.add_option("--threads", options.threads, "torch threads per rank")->check(positive);
+  app.add_option("--threads", options.threads, "torch threads per rank")->check(examples::thread_count());
   app.add_option("--timeout", options.timeout_s,
                  "seconds any rendezvous or collective may wait for the other ranks before the job fails (a dead or "
-                 "frozen rank)")->check(CLI::Range(1.0, 86400.0 * 7));
+                 "frozen rank)")->check(examples::finite_number(1, 86400 * 7, "must be a finite number of seconds from 1 to 604800"));
   app.add_option("--limit-train", options.limit_train, "use only the first N training samples (0: all)");
-  app.add_option("--checkpoint-dir", options.checkpoint_dir, "save a checkpoint each epoch and resume from the newest");
+  app.add_option("--checkpoint-dir", options.checkpoint_dir, "save a checkpoint each epoch and resume from the newest")
+      ->check(examples::writable_directory());
   app.add_option("--comm-hook", options.comm_hook, "how gradients are reduced: none, fp16, bf16 or powersgd")
       ->check(CLI::IsMember({"none", "fp16", "bf16", "powersgd"}));
   app.add_option("--powersgd-rank", options.powersgd_rank, "PowerSGD's matrix_approximation_rank")->check(positive);
   app.add_option("--powersgd-start-iter", options.powersgd_start_iter,
                  "steps of plain allreduce before PowerSGD starts (> 1)")->check(CLI::Range(2, 1 << 30));
-  CLI11_PARSE(app, argc, argv);
+  if (const auto exit_code = examples::parse_command_line(app, argc, argv)) return *exit_code;
   try {
     return run(options);
   } catch (const std::exception& error) {

@@ -14,6 +14,9 @@
 #                                           plain lines when piped
 #   main_job_test.sh resume TRAIN           --checkpoint-dir: a second run resumes after epoch 1
 #   main_job_test.sh frozen DDPRUN TRAIN    a rank frozen by SIGSTOP ends the job within --timeout
+#   main_job_test.sh refusals TRAIN         bad flags (NaN, inf, too many threads, a checkpoint
+#                                           directory that cannot be one) exit 2 with the rule, before
+#                                           any training
 # Exit 0: pass; 1: fail (with the reason and the output); 77: skipped (CTest SKIP_RETURN_CODE).
 set -u -o pipefail
 mode=$1
@@ -185,8 +188,33 @@ case $mode in
     [ -f "$dir/checkpoint-00000002.pt" ] || fail "no checkpoint-00000002.pt after epoch 2: $(ls "$dir")"
     ;;
 
+  refusals)
+    train=$1
+    dir=$(mktemp -d)
+    trap 'rm -rf "$dir"' EXIT
+    touch "$dir/a-file"
+    # refused ARGS... EXPECTED-REGEX: exit code 2, the rule on stderr, and no training started.
+    refused() {
+      local expected=${*: -1}
+      out=$(timeout 60 "$train" "${@:1:$#-1}" 2>&1)
+      local code=$?
+      [[ $code == 2 ]] || fail "'${*:1:$#-1}': exit code $code, expected 2"
+      grep -Eq -- "$expected" <<<"$out" || fail "'${*:1:$#-1}': no '$expected'"
+      grep -q "train_fashion_mnist: world" <<<"$out" && fail "'${*:1:$#-1}': the job started"
+      echo "refused '${*:1:$#-1}': $(head -n1 <<<"$out")"
+    }
+    refused --timeout nan "^--timeout: must be a finite number of seconds from 1 to 604800, got 'nan'$"
+    refused --lr inf "^--lr: must be a finite number above 0, got 'inf'$"
+    refused --lr nan "^--lr: must be a finite number above 0, got 'nan'$"
+    refused --threads 100000 "^--threads: must be a whole number from 1 to [0-9]+ \\(4 x the [0-9]+ CPUs this process may run on: more threads than CPUs only take turns\\), got '100000'$"
+    refused --epochs two "^--epochs: must be a finite number above 0, got 'two'$"
+    refused --no-such-flag "The following argument was not expected: --no-such-flag"
+    refused --checkpoint-dir "$dir/a-file" "^--checkpoint-dir: '$dir/a-file' exists and is not a directory: name a directory for the checkpoints$"
+    refused --checkpoint-dir "$dir/a-file/sub" "^--checkpoint-dir: cannot create the directory '$dir/a-file/sub': Not a directory"
+    ;;
+
   *)
-    echo "usage: $0 ddprun2|ddprun3 DDPRUN TRAIN | progress TRAIN | resume TRAIN"
+    echo "usage: $0 ddprun2|ddprun3 DDPRUN TRAIN | progress TRAIN | resume TRAIN | refusals TRAIN"
     exit 2
     ;;
 esac
