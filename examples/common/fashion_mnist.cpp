@@ -116,6 +116,17 @@ FashionMNIST::FashionMNIST(Split split, const std::string& data_dir) {
   }
 
   const int64_t count = image_shape[0];
+  // A label outside the classes would reach the loss as a class index and end the job in
+  // LibTorch's backtrace ("Target 255 is out of bounds"); name the file, the sample and the value.
+  for (int64_t i = 0; i < count; ++i) {
+    const int label = label_bytes[8 + static_cast<size_t>(i)];
+    if (label >= kClasses) {
+      throw std::runtime_error("Fashion-MNIST: " + labels_path + ": sample " + std::to_string(i) + " has label " +
+                               std::to_string(label) + ", but the classes are 0.." + std::to_string(kClasses - 1) +
+                               ": the file is damaged or is not Fashion-MNIST's; reinstall dataset-fashion-mnist or "
+                               "point --data-dir at the original files");
+    }
+  }
   images_ = to_tensor(image_bytes, 16, {count, 1, 28, 28}).to(torch::kFloat32).div_(255).sub_(kMean).div_(kStd);
   labels_ = to_tensor(label_bytes, 8, {count}).to(torch::kInt64);
 }

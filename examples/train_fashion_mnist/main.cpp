@@ -21,9 +21,12 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include "command_line.h"
+
 #include <ddp/comm_hooks.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/distributed_sampler.h>
+#include <ddp/launch_environment.h>
 #include "fashion_mnist.h"
 #include <ddp/metrics.h>
 #include <ddp/process_group.h>
@@ -49,6 +52,8 @@ struct Options {
   double timeout_s = 1800;  // bounds every collective: a dead or frozen rank ends the job after this long
   size_t limit_train = 0;   // 0: the whole training set
   std::string checkpoint_dir;
+  std::string run_id;                   // "": the launcher's (run_identity)
+  bool resume_from_other_run = false;
   std::string comm_hook = "none";  // none, fp16, bf16, powersgd
   int64_t powersgd_rank = 2;
   int64_t powersgd_start_iter = 10;
@@ -140,6 +145,40 @@ void register_comm_hook(ddp::DistributedDataParallel<Net>& model, const Options&
   }
 }
 
+#ifdef TRAIN_HAS_CHECKPOINT
+// Which run this process belongs to, written into every checkpoint it saves: --run-id, else the
+// launcher's (ddprun's TORCHDDP_RUN_ID, the same across its --max-restarts; torchrun's --rdzv-id;
+// Slurm's job and step), else none. torchrun's default --rdzv-id, "none", names no run.
+std::string run_identity(const Options& options) {
+  if (!options.run_id.empty()) return options.run_id;
+  const std::string launcher = ddp::launch_environment().run_id;
+  return launcher == "none" ? "" : launcher;
+}
+
+// The run that wrote a checkpoint ("" for a run without an id, or a checkpoint from before ids).
+std::string writer_of(const ddp::TrainingState& state) {
+  const auto stored = state.metadata.find("run_id");
+  return stored == state.metadata.end() ? "" : stored->second;
+}
+
+std::string describe_run(const std::string& id) {
+  return id.empty() ? "a run without an id (no --run-id, and no launcher's run id)" : "run '" + id + "'";
+}
+
+// Two jobs sharing a --checkpoint-dir must not silently continue each other's training: a
+// checkpoint of another run (or of a run without an id) is resumed only with
+// --resume-from-other-run. Every rank reads the same file and has the same id, so all decide alike.
+void check_run(const std::string& path, const ddp::TrainingState& state, const Options& options) {
+  const std::string writer = writer_of(state);
+  const std::string self = run_identity(options);
+  if ((!self.empty() && writer == self) || options.resume_from_other_run) return;
+  throw std::runtime_error(path + " was written by " + describe_run(writer) + ", and this is " + describe_run(self) +
+                           ": resuming it would continue another job's training. To continue it, pass "
+                           "--resume-from-other-run" + (writer.empty() ? "" : " (or start with --run-id " + writer + ")") +
+                           "; otherwise give this job its own --checkpoint-dir");
+}
+#endif
+
 int run(const Options& options) {
   torch::set_num_threads(options.threads);
   auto pg = init(options);
@@ -168,9 +207,15 @@ int run(const Options& options) {
   if (!options.checkpoint_dir.empty()) {
     if (auto latest = ddp::latest_checkpoint(options.checkpoint_dir)) {
       auto state = ddp::load_checkpoint(*latest, model, &optimizer);
+      check_run(*latest, state, options);
       start_epoch = static_cast<int>(state.sampler.epoch);
       sampler.load_state(state.sampler);
-      if (leader) std::printf("resumed from %s at epoch %d\n", latest->c_str(), start_epoch + 1);
+      const std::string writer = writer_of(state);
+      const bool other = writer.empty() || writer != run_identity(options);  // resumed with the flag
+      if (leader) {
+        std::printf("resumed from %s at epoch %d%s\n", latest->c_str(), start_epoch + 1,
+                    other ? (" (written by " + describe_run(writer) + ")").c_str() : "");
+      }
     }
   }
 #else
@@ -220,8 +265,8 @@ int run(const Options& options) {
     }
 #ifdef TRAIN_HAS_CHECKPOINT
     if (!options.checkpoint_dir.empty()) {
-      std::filesystem::create_directories(options.checkpoint_dir);
-      const ddp::TrainingState state{epoch + 1, /*global_step*/ 0, ddp::SamplerState{epoch + 1, 0}, {}};
+      const ddp::TrainingState state{epoch + 1, /*global_step*/ 0, ddp::SamplerState{epoch + 1, 0},
+                                     {{"run_id", run_identity(options)}}};
       ddp::save_checkpoint(ddp::checkpoint_path(options.checkpoint_dir, epoch + 1), model, &optimizer, state,
                            ddp::CheckpointOptions().keep_last(2));
     }
@@ -240,16 +285,7 @@ int run(const Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
-  // CLI11's PositiveNumber prints the whole double range; this names the rule instead.
-  const CLI::Validator positive(
-      [](std::string& text) -> std::string {
-        try {
-          if (std::stod(text) > 0) return "";
-        } catch (const std::exception&) {
-        }
-        return "must be a positive number, got '" + text + "'";
-      },
-      "POSITIVE");
+  const CLI::Validator positive = examples::positive();  // finite and > 0 (command_line.h)
   CLI::App app{"Train a small CNN on Fashion-MNIST with DistributedDataParallel (one process per rank)"};
   app.add_option("--epochs", options.epochs, "passes over the training set")->check(positive);
   app.add_option("--batch-size", options.batch_size, "samples per step on each rank")->check(positive);
@@ -260,18 +296,24 @@ int main(int argc, char** argv) {
   app.add_option("--backend", options.backend, "gloo, nccl or auto");
   app.add_option("--seed", options.seed, "model initialization and shuffle seed");
   app.add_option("--data-dir", options.data_dir, "folder with the Fashion-MNIST *-ubyte.gz files");
-  app.add_option("--threads", options.threads, "torch threads per rank")->check(positive);
+  app.add_option("--threads", options.threads, "torch threads per rank")->check(examples::thread_count());
   app.add_option("--timeout", options.timeout_s,
                  "seconds any rendezvous or collective may wait for the other ranks before the job fails (a dead or "
-                 "frozen rank)")->check(CLI::Range(1.0, 86400.0 * 7));
+                 "frozen rank)")->check(examples::finite_number(1, 86400 * 7, "must be a finite number of seconds from 1 to 604800"));
   app.add_option("--limit-train", options.limit_train, "use only the first N training samples (0: all)");
-  app.add_option("--checkpoint-dir", options.checkpoint_dir, "save a checkpoint each epoch and resume from the newest");
+  app.add_option("--checkpoint-dir", options.checkpoint_dir, "save a checkpoint each epoch and resume from the newest")
+      ->check(examples::writable_directory());
+  app.add_option("--run-id", options.run_id,
+                 "this run's name, written into its checkpoints (default: the launcher's run id, e.g. ddprun's, kept "
+                 "across its restarts)");
+  app.add_flag("--resume-from-other-run", options.resume_from_other_run,
+               "resume the newest checkpoint even if another run (another --run-id or launcher job) wrote it");
   app.add_option("--comm-hook", options.comm_hook, "how gradients are reduced: none, fp16, bf16 or powersgd")
       ->check(CLI::IsMember({"none", "fp16", "bf16", "powersgd"}));
   app.add_option("--powersgd-rank", options.powersgd_rank, "PowerSGD's matrix_approximation_rank")->check(positive);
   app.add_option("--powersgd-start-iter", options.powersgd_start_iter,
                  "steps of plain allreduce before PowerSGD starts (> 1)")->check(CLI::Range(2, 1 << 30));
-  CLI11_PARSE(app, argc, argv);
+  if (const auto exit_code = examples::parse_command_line(app, argc, argv)) return *exit_code;
   try {
     return run(options);
   } catch (const std::exception& error) {

@@ -93,7 +93,7 @@ class StoreRendezvous : public Rendezvous {
     }
     if (node_ == 0) {
       store_->set(p + "port", std::to_string(pick_free_port()));
-      store_->set(p + "run_id", random_run_id());
+      store_->set(p + "run_id", run_id_);  // one id for all rounds: a restart is the same job
     }
     store_->set(p + "nproc/" + std::to_string(node_), std::to_string(nproc_));
 
@@ -187,6 +187,7 @@ class StoreRendezvous : public Rendezvous {
   int port_;
   std::chrono::milliseconds timeout_, interval_, grace_;
   std::unique_ptr<StoreServer> server_;  // node 0 only
+  std::string run_id_ = random_run_id();  // node 0's is the job's (as LocalRendezvous keeps one)
   std::unique_ptr<StoreClient> store_;
   bool joined_ = false;
 };

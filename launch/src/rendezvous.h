@@ -19,8 +19,9 @@ struct RoundInfo {
   int rank_offset = 0;  // global rank of this node's local rank 0
   std::string master_addr;
   int master_port = 0;  // what the ranks get as MASTER_PORT
-  // What the ranks get as TORCHDDP_RUN_ID: the same on every node of this job, different for any
-  // other job, so ranks of two jobs that meet at one store refuse each other (process_group.cpp).
+  // What the ranks get as TORCHDDP_RUN_ID: the same on every node of this job and in each of its
+  // restart rounds, different for any other job, so ranks of two jobs that meet at one store
+  // refuse each other (process_group.cpp) and a restart resumes its own checkpoints.
   std::string run_id;
 };
 

@@ -18,6 +18,12 @@
 #                                           the same for rank 0, which hosts the store
 #   main_job_test.sh frozen_store_host_at_start TRAIN
 #                                           rank 0 frozen while rank 1 joins: rank 1 ends naming it
+#   main_job_test.sh refusals TRAIN         bad flags (NaN, inf, too many threads, a checkpoint
+#                                           directory that cannot be one) exit 2 with the rule, before
+#                                           any training
+#   main_job_test.sh identity DDPRUN TRAIN  a checkpoint names the run that wrote it: another run
+#                                           resumes it only with --resume-from-other-run; a restart
+#                                           by ddprun --max-restarts (same run id) resumes
 # Exit 0: pass; 1: fail (with the reason and the output); 77: skipped (CTest SKIP_RETURN_CODE).
 set -u -o pipefail
 mode=$1
@@ -212,10 +218,11 @@ case $mode in
     train=$1
     dir=$(mktemp -d)
     trap 'rm -rf "$dir"' EXIT
-    out=$("$train" --epochs 1 "${small[@]}" --checkpoint-dir "$dir" 2>&1) || fail "first run: exit code $?"
+    # Both starts are one run (--run-id): a checkpoint of another run is not resumed (identity).
+    out=$("$train" --epochs 1 "${small[@]}" --checkpoint-dir "$dir" --run-id resume-test 2>&1) || fail "first run: exit code $?"
     grep -q "resumed" <<<"$out" && fail "the first run resumed from an empty directory"
     [ -f "$dir/checkpoint-00000001.pt" ] || fail "no checkpoint-00000001.pt after epoch 1: $(ls "$dir")"
-    out=$("$train" --epochs 2 "${small[@]}" --checkpoint-dir "$dir" 2>&1) || fail "second run: exit code $?"
+    out=$("$train" --epochs 2 "${small[@]}" --checkpoint-dir "$dir" --run-id resume-test 2>&1) || fail "second run: exit code $?"
     grep -qx "resumed from $dir/checkpoint-00000001.pt at epoch 2" <<<"$out" || fail "no 'resumed from ... at epoch 2'"
     grep -q "^epoch 1/2" <<<"$out" && fail "epoch 1 trained again after resuming"
     grep -Eq "^epoch 2/2: train loss [0-9.]+ .*\(10000 samples\)" <<<"$out" || fail "epoch 2 not trained"
@@ -223,8 +230,69 @@ case $mode in
     [ -f "$dir/checkpoint-00000002.pt" ] || fail "no checkpoint-00000002.pt after epoch 2: $(ls "$dir")"
     ;;
 
+  refusals)
+    train=$1
+    dir=$(mktemp -d)
+    trap 'rm -rf "$dir"' EXIT
+    touch "$dir/a-file"
+    # refused ARGS... EXPECTED-REGEX: exit code 2, the rule on stderr, and no training started.
+    refused() {
+      local expected=${*: -1}
+      out=$(timeout 60 "$train" "${@:1:$#-1}" 2>&1)
+      local code=$?
+      [[ $code == 2 ]] || fail "'${*:1:$#-1}': exit code $code, expected 2"
+      grep -Eq -- "$expected" <<<"$out" || fail "'${*:1:$#-1}': no '$expected'"
+      grep -q "train_fashion_mnist: world" <<<"$out" && fail "'${*:1:$#-1}': the job started"
+      echo "refused '${*:1:$#-1}': $(head -n1 <<<"$out")"
+    }
+    refused --timeout nan "^--timeout: must be a finite number of seconds from 1 to 604800, got 'nan'$"
+    refused --lr inf "^--lr: must be a finite number above 0, got 'inf'$"
+    refused --lr nan "^--lr: must be a finite number above 0, got 'nan'$"
+    refused --threads 100000 "^--threads: must be a whole number from 1 to [0-9]+ \\(4 x the [0-9]+ CPUs this process may run on: more threads than CPUs only take turns\\), got '100000'$"
+    refused --epochs two "^--epochs: must be a finite number above 0, got 'two'$"
+    refused --no-such-flag "The following argument was not expected: --no-such-flag"
+    refused --checkpoint-dir "$dir/a-file" "^--checkpoint-dir: '$dir/a-file' exists and is not a directory: name a directory for the checkpoints$"
+    refused --checkpoint-dir "$dir/a-file/sub" "^--checkpoint-dir: cannot create the directory '$dir/a-file/sub': Not a directory"
+    ;;
+
+  identity)
+    ddprun=$1 train=$2
+    dir=$(mktemp -d)
+    trap 'rm -rf "$dir"' EXIT
+    out=$("$train" --epochs 1 "${small[@]}" --checkpoint-dir "$dir" --run-id alpha 2>&1) || fail "run alpha: exit code $?"
+    # Another run (its own --run-id, or none at all) is refused before training, naming both runs.
+    out=$("$train" --epochs 2 "${small[@]}" --checkpoint-dir "$dir" --run-id beta 2>&1)
+    code=$?
+    [[ $code == 1 ]] || fail "run beta on alpha's checkpoint: exit code $code, expected 1"
+    grep -qx "train_fashion_mnist: error: $dir/checkpoint-00000001.pt was written by run 'alpha', and this is run 'beta': resuming it would continue another job's training. To continue it, pass --resume-from-other-run (or start with --run-id alpha); otherwise give this job its own --checkpoint-dir" <<<"$out" ||
+      fail "run beta: no message naming runs alpha and beta"
+    grep -q "^epoch" <<<"$out" && fail "run beta trained"
+    out=$("$train" --epochs 2 "${small[@]}" --checkpoint-dir "$dir" 2>&1)
+    code=$?
+    [[ $code == 1 ]] || fail "a run without an id on alpha's checkpoint: exit code $code, expected 1"
+    grep -q "was written by run 'alpha', and this is a run without an id (no --run-id, and no launcher's run id)" <<<"$out" ||
+      fail "the run without an id: no message"
+    out=$("$train" --epochs 2 "${small[@]}" --checkpoint-dir "$dir" --run-id beta --resume-from-other-run 2>&1) ||
+      fail "run beta with --resume-from-other-run: exit code $?"
+    grep -qx "resumed from $dir/checkpoint-00000001.pt at epoch 2 (written by run 'alpha')" <<<"$out" ||
+      fail "run beta with --resume-from-other-run did not resume"
+    # Under ddprun: a restart (--max-restarts, the same TORCHDDP_RUN_ID) resumes its own checkpoint;
+    # a new ddprun job on the same directory is another run.
+    rm -rf "$dir"/*
+    script="if [ \"\$DDPRUN_RESTART_COUNT\" = 0 ]; then \"\$0\" --epochs 1 \"\$@\" || exit 1; exit 3; fi; exec \"\$0\" --epochs 2 \"\$@\""
+    out=$(timeout 240 "$ddprun" --standalone --nproc-per-node 1 --max-restarts 1 -- bash -c "$script" "$train" \
+            "${small[@]}" --checkpoint-dir "$dir" 2>&1) || fail "ddprun with a restart: exit code $?"
+    grep -Eq "^\[rank 0\] resumed from $dir/checkpoint-00000001.pt at epoch 2$" <<<"$out" ||
+      fail "the restarted attempt did not resume its own checkpoint"
+    out=$(timeout 240 "$ddprun" --standalone --nproc-per-node 1 -- "$train" --epochs 3 "${small[@]}" --checkpoint-dir "$dir" 2>&1)
+    code=$?
+    [[ $code == 1 ]] || fail "a new ddprun job on the previous job's checkpoint: exit code $code, expected 1"
+    grep -q "checkpoint-00000002.pt was written by run '[0-9a-f]\{16\}', and this is run '[0-9a-f]\{16\}'" <<<"$out" ||
+      fail "the new ddprun job: no message naming both runs"
+    ;;
+
   *)
-    echo "usage: $0 ddprun2|ddprun3 DDPRUN TRAIN | progress TRAIN | resume TRAIN"
+    echo "usage: $0 ddprun2|ddprun3 DDPRUN TRAIN | progress TRAIN | resume TRAIN | refusals TRAIN | identity DDPRUN TRAIN"
     exit 2
     ;;
 esac

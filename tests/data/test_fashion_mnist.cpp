@@ -101,4 +101,17 @@ TEST_F(BrokenFiles, WrongMagicNamesExpectedAndActual) {
                 "/t10k-images-idx3-ubyte.gz has magic number 0x00000801, expected 0x00000803 (an IDX image file)");
 }
 
+// A label outside 0..9 would reach cross_entropy as a class index and end the job in LibTorch's
+// backtrace ("Target 255 is out of bounds"); the reader names the file, the sample and the value.
+TEST_F(BrokenFiles, LabelOutOfRangeIsNamed) {
+  auto labels = gunzip(kDir + "/t10k-labels-idx1-ubyte.gz");
+  labels[8 + 7] = 255;  // sample 7, after the 8-byte header
+  gzip_to(dir_ + "/t10k-images-idx3-ubyte.gz", gunzip(kDir + "/t10k-images-idx3-ubyte.gz"));
+  gzip_to(dir_ + "/t10k-labels-idx1-ubyte.gz", labels);
+  EXPECT_EQ(ddp::test::error_of<std::runtime_error>([&] { examples::FashionMNIST(Split::kTest, dir_); }),
+            "Fashion-MNIST: " + dir_ + "/t10k-labels-idx1-ubyte.gz: sample 7 has label 255, but the classes are "
+            "0..9: the file is damaged or is not Fashion-MNIST's; reinstall dataset-fashion-mnist or point "
+            "--data-dir at the original files");
+}
+
 }  // namespace

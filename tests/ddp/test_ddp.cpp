@@ -1,5 +1,6 @@
 // DistributedDataParallel end to end: real processes, Gloo over loopback. Every test compares
 // against a single process computing the same thing on the whole batch.
+#include <cmath>
 #include <cstdlib>
 #include <sstream>
 
@@ -398,6 +399,34 @@ DDP_WORKER(nothing_to_sync) {
   fail("a module without trainable parameters was accepted");
 }
 TEST(DDPErrors, ModuleWithoutTrainableParameters) { EXPECT_WORKERS_OK(run_workers("nothing_to_sync", 2)); }
+
+// bucket_cap_mb and first_bucket_cap_mb: NaN passes a "< 0" check and 1e308 MiB overflows the byte
+// count, so both are refused by name, with the value as given, before any collective.
+DDP_WORKER(bad_bucket_caps) {
+  worker_init(std::chrono::seconds(20));
+  MLP net;
+  const auto error_for = [&](ddp::DDPOptions options) {
+    try {
+      ddp::DistributedDataParallel model(net, options);
+    } catch (const std::invalid_argument& error) {
+      return std::string(error.what());
+    }
+    return std::string("(accepted)");
+  };
+  const std::string rule = " must be a finite number in [0, 1e+12] (MiB; a cap above the model's size already puts "
+                           "every gradient in one bucket), got ";
+  for (double bad : {std::nan(""), 1e308, -1.0, HUGE_VAL}) {
+    std::ostringstream text;
+    text << bad;
+    const std::string got = error_for(ddp::DDPOptions().bucket_cap_mb(bad));
+    require(got == "DistributedDataParallel: bucket_cap_mb" + rule + text.str(), "bucket_cap_mb " + text.str() + ": " + got);
+    const std::string first = error_for(ddp::DDPOptions().first_bucket_cap_mb(bad));
+    require(first == "DistributedDataParallel: first_bucket_cap_mb" + rule + text.str(),
+            "first_bucket_cap_mb " + text.str() + ": " + first);
+  }
+  ddp::barrier();  // neither rank leaves while the other may still use the connections
+}
+TEST(DDPErrors, BucketCapsMustBeFiniteAndInRange) { EXPECT_WORKERS_OK(run_workers("bad_bucket_caps", 2)); }
 
 // A rank that dies: the survivor's backward fails with a clear error within the timeout.
 DDP_WORKER(dead_rank) {

@@ -1,5 +1,6 @@
 // Seeing a run: TORCH_DISTRIBUTED_DEBUG (DETAIL's desync check, INFO's log), logging_data(), and
 // the TORCHDDP_TIMELINE Chrome trace, parsed here.
+#include <filesystem>
 #include <fstream>
 
 #include <gtest/gtest.h>
@@ -235,6 +236,29 @@ TEST(Observability, TimelineIsAChromeTraceWithOneReductionPerBucketInsideBackwar
     }
   }
   remove_tree(options.shared_dir);
+}
+
+// TORCHDDP_TIMELINE naming a directory (existing, or written with a trailing '/'): each rank's
+// trace goes inside it as timeline.rank<r>.json, as a user naming a folder expects (PyTorch's
+// profiler handler does the same), not next to it (traces.rank0.json) nor hidden in it (.rank0.json).
+TEST(Observability, TimelineNamingADirectoryWritesInsideIt) {
+  for (const std::string slash : {"", "/"}) {
+    RunOptions options;
+    options.shared_dir = make_temp_dir("ddp_timeline_dir");
+    const std::string dir = options.shared_dir + "/traces";
+    ASSERT_TRUE(std::filesystem::create_directory(dir));
+    options.env = {{"TORCHDDP_TIMELINE", dir + slash}};
+    EXPECT_WORKERS_OK(run_workers("timeline", 2, options));
+    for (int rank = 0; rank < 2; ++rank) {
+      const std::string inside = dir + "/timeline.rank" + std::to_string(rank) + ".json";
+      std::ifstream file(inside);
+      ASSERT_TRUE(file) << "no " << inside << " (TORCHDDP_TIMELINE=" << dir + slash << ")";
+      EXPECT_TRUE(nlohmann::json::parse(file).contains("traceEvents"));
+      EXPECT_FALSE(std::filesystem::exists(dir + ".rank" + std::to_string(rank) + ".json")) << "a sibling file";
+      EXPECT_FALSE(std::filesystem::exists(dir + "/.rank" + std::to_string(rank) + ".json")) << "a hidden file";
+    }
+    remove_tree(options.shared_dir);
+  }
 }
 
 }  // namespace

@@ -294,4 +294,31 @@ TEST(PowerSGD, RefusesWhatPyTorchRefuses) {
   EXPECT_THROW(state.load_state_dict(snapshot), std::invalid_argument);
 }
 
+// PyTorch's hook would compute with a NaN or negative rate or epsilon (no gradient compressed, or
+// a division by a norm minus something); both are refused here, naming the option and the value.
+TEST(PowerSGD, RefusesNaNOrNegativeRateAndEpsilon) {
+  using ddp::hooks::PowerSGDOptions;
+  const auto error_for = [](PowerSGDOptions options) {
+    try {
+      ddp::hooks::powersgd(options);
+    } catch (const std::invalid_argument& error) {
+      return std::string(error.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_EQ(error_for(PowerSGDOptions().min_compression_rate(std::nan(""))),
+            "PowerSGD: min_compression_rate must be a finite number >= 0 (compress a gradient when it shrinks by "
+            "more than this factor; PyTorch's default is 2), got nan");
+  EXPECT_EQ(error_for(PowerSGDOptions().min_compression_rate(-1)),
+            "PowerSGD: min_compression_rate must be a finite number >= 0 (compress a gradient when it shrinks by "
+            "more than this factor; PyTorch's default is 2), got -1");
+  EXPECT_EQ(error_for(PowerSGDOptions().orthogonalization_epsilon(std::nan(""))),
+            "PowerSGD: orthogonalization_epsilon must be a finite number >= 0 (added to each norm before dividing "
+            "by it; PyTorch's default is 0), got nan");
+  EXPECT_EQ(error_for(PowerSGDOptions().orthogonalization_epsilon(-1e-8)),
+            "PowerSGD: orthogonalization_epsilon must be a finite number >= 0 (added to each norm before dividing "
+            "by it; PyTorch's default is 0), got -1e-08");
+  EXPECT_EQ(error_for(PowerSGDOptions().min_compression_rate(0).orthogonalization_epsilon(1e-8)), "(accepted)");
+}
+
 }  // namespace

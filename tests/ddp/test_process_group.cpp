@@ -1,5 +1,6 @@
 // Process groups: rendezvous over every init_method, the free collectives, and bad input.
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -137,6 +138,46 @@ TEST(ProcessGroup, DuplicateRankIsNamedOnEveryRank) {
   options.env = {{"EXPECTED", "RANK=1 was given to 2 processes: each of the ranks 0..2 must be started exactly once"}};
   options.rank_env = {{2, {{"RANK", "1"}}}};
   EXPECT_WORKERS_OK(ddp::test::run_workers("rendezvous_fault", 3, options));
+}
+
+// RANK=1 given twice, the second process arriving after the world of 2 is complete: it is refused
+// at once, and the running ranks, which cannot be refused any more (the job is whole), name it on
+// their stderr within a few of their heartbeats instead of never hearing of it. Worker 2 (the late
+// RANK=1) starts once rank 0 says the world is up; ranks 0 and 1 then run on for 5 s.
+DDP_WORKER(late_duplicate) {
+  if (std::getenv("LATE")) {
+    for (int i = 0; i < 300 && !std::filesystem::exists(ddp::test::shared_dir() + "/world_up"); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    try {
+      ddp::test::worker_init(std::chrono::seconds(20));
+    } catch (const std::exception& error) {
+      const std::string message = error.what();
+      require(message.find("RANK=1 was given to 2 processes") != std::string::npos, message);
+      return;
+    }
+    ddp::test::fail("the late RANK=1 joined the job");
+  }
+  ddp::test::worker_init(std::chrono::seconds(20));
+  if (ddp::test::worker_rank() == 0) ddp::test::write_shared("world_up", "1");
+  std::this_thread::sleep_for(std::chrono::seconds(5));
+  ddp::barrier();
+  ddp::destroy_process_group();
+}
+TEST(ProcessGroup, ALateDuplicateRankIsNamedByTheRunningRanks) {
+  ddp::test::RunOptions options;
+  options.env = {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(ddp::test::free_port())}};
+  options.rank_env = {{0, {{"WORLD_SIZE", "2"}}}, {1, {{"WORLD_SIZE", "2"}}},
+                      {2, {{"WORLD_SIZE", "2"}, {"RANK", "1"}, {"LATE", "1"}}}};
+  const auto results = ddp::test::run_workers("late_duplicate", 3, options);
+  EXPECT_WORKERS_OK(results);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NE(results[rank].output.find("[torchddp] rank " + std::to_string(rank) +
+                                        ": a process that reached this job's store later was refused (this job "
+                                        "goes on): ddp::init_process_group: RANK=1 was given to 2 processes"),
+              std::string::npos)
+        << results[rank].output;
+  }
 }
 
 // WORLD_SIZE 2 on rank 0, 3 on rank 1 (which arrives second): both fail naming the disagreement.

@@ -6,6 +6,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include "backends.h"
+#include "check_number.h"
 #include "debug_level.h"
 #include "reducer/reducer.h"
 #include "reducer/state_sync.h"
@@ -25,6 +26,13 @@ struct DDPCore::Impl {
 
 DDPCore::DDPCore(torch::nn::Module& module, DDPOptions options)
     : impl_(std::make_unique<Impl>()), options_(std::move(options)) {
+  // Bad caps are refused before any collective, so every rank fails alike and at once. The cap's
+  // byte count must fit in 64 bits; 1e12 MiB leaves room and is above any model.
+  for (const auto& [name, value] : {std::pair<const char*, double>{"bucket_cap_mb", options_.bucket_cap_mb()},
+                                    {"first_bucket_cap_mb", options_.first_bucket_cap_mb()}}) {
+    detail::require_finite("DistributedDataParallel", name, value, 0, 1e12,
+                           " (MiB; a cap above the model's size already puts every gradient in one bucket)");
+  }
   if (!options_.process_group()) options_.process_group(ddp::default_group());
   // DDP's own collectives go over a group of their own (same ranks, own connections), so that none
   // of them can ever pair with a collective the program runs on the group it passed in: uneven
@@ -40,11 +48,6 @@ DDPCore::DDPCore(torch::nn::Module& module, DDPOptions options)
         "ddp::init_process_group (the default group) or ddp::new_group.");
   }
   const ProcessGroupPtr& group = impl_->group;
-  if (options_.bucket_cap_mb() < 0 || options_.first_bucket_cap_mb() < 0) {
-    throw std::invalid_argument("DistributedDataParallel: bucket_cap_mb and first_bucket_cap_mb must be >= 0, got " +
-                                std::to_string(options_.bucket_cap_mb()) + " and " +
-                                std::to_string(options_.first_bucket_cap_mb()));
-  }
   impl_->module = &module;
 
   // Shared parameters appear once; parameters that do not require grad are never reduced.

@@ -31,6 +31,8 @@ constexpr auto kInterval = std::chrono::seconds(1);
 constexpr auto kObservation = std::chrono::milliseconds(2500);  // 2.5 beats: a running rank beats at least twice
 
 std::string key_of(int rank) { return "torchddp/heartbeat/" + std::to_string(rank); }
+// Where the rendezvous publishes a refusal (process_group.cpp, refuse(), stage "rendezvous").
+constexpr const char* kRefusalKey = "ddp/rendezvous/error";
 
 struct Beat {
   long count = 0;
@@ -84,6 +86,7 @@ class Heartbeat {
       store_ = store;
     }
     long beat = 0;
+    bool refusal_named = false;
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stopping_) {
       const std::string value =
@@ -91,6 +94,14 @@ class Heartbeat {
       lock.unlock();
       try {
         store->set(key_of(rank_), bytes_of(value));
+        // A process refused at the rendezvous after this world formed (a late duplicate RANK, another
+        // WORLD_SIZE) never joined, so the job goes on; it is named here once, so that a mis-started
+        // launch shows where the job runs and not only in the refused process's output.
+        if (!refusal_named && store->check({kRefusalKey})) {
+          refusal_named = true;
+          std::fprintf(stderr, "[torchddp] rank %d: a process that reached this job's store later was refused (this job "
+                       "goes on): %s\n", rank_, text_of(store->get(kRefusalKey)).c_str());
+        }
       } catch (const std::exception& error) {  // kept for the report; the collectives will fail on their own
         std::lock_guard<std::mutex> problem_lock(mutex_);
         problem_ = error_text(error);

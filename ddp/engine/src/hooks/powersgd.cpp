@@ -12,6 +12,8 @@
 
 #include <ddp/wait_collective.h>
 
+#include "check_number.h"
+
 namespace ddp::hooks {
 
 // One bucket layout's state, contiguous so that every step works in place: the error shaped like
@@ -93,6 +95,12 @@ PowerSGDState::PowerSGDState(PowerSGDOptions options) : options_(options) {
     throw std::invalid_argument("PowerSGD: random_seed must be between 0 and 2^32 - 1, got " +
                                 std::to_string(options_.random_seed()));
   }
+  // PyTorch takes any float here; NaN or a negative value only makes nonsense (nothing compressed,
+  // or a norm shrunk before dividing by it), so they are refused.
+  detail::require_finite("PowerSGD", "min_compression_rate", options_.min_compression_rate(), 0, HUGE_VAL,
+                         " (compress a gradient when it shrinks by more than this factor; PyTorch's default is 2)");
+  detail::require_finite("PowerSGD", "orthogonalization_epsilon", options_.orthogonalization_epsilon(), 0, HUGE_VAL,
+                         " (added to each norm before dividing by it; PyTorch's default is 0)");
   rng_.seed(static_cast<uint32_t>(options_.random_seed()));
 }
 

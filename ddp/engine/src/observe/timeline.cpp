@@ -1,6 +1,7 @@
 #include "observe/timeline.h"
 
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 
@@ -13,7 +14,15 @@ std::mutex g_open_mutex;
 std::unique_ptr<Timeline> g_timeline;  // destroyed at exit: completes the file
 bool g_tried = false;
 
+// trace.json -> trace.rank<r>.json beside it. A directory (an existing one, or a path ending in
+// '/') gets <dir>/timeline.rank<r>.json inside it: what a user naming a folder expects (PyTorch's
+// profiler trace handler takes a folder the same way), not a sibling file or a hidden ".rank0.json".
 std::string rank_path(std::string path, int rank) {
+  std::error_code error;
+  if (path.back() == '/' || std::filesystem::is_directory(path, error)) {
+    if (path.back() != '/') path += '/';
+    path += "timeline";
+  }
   const std::string suffix = ".json";
   if (path.size() > suffix.size() && path.compare(path.size() - suffix.size(), suffix.size(), suffix) == 0) {
     path.resize(path.size() - suffix.size());
