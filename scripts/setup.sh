@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs every dependency of torchddp on Debian bookworm. Idempotent: silent when all present.
+# With arguments, installs those packages instead (a script's own extras: scripts/windows_syntax.sh).
 set -euo pipefail
 packages=(cmake g++ ninja-build ccache pkg-config zlib1g-dev
           libtorch-dev libgloo-dev libfmt-dev libgtest-dev libgmock-dev libcli11-dev
@@ -10,6 +11,7 @@ packages=(cmake g++ ninja-build ccache pkg-config zlib1g-dev
           openssh-server        # ... and ddprun -H over ssh between two network-namespace hosts (tests/launch)
           clang libclang-rt-14-dev  # scripts/fuzz.sh: libFuzzer
           python3-torch)  # python3-torch: the checkpoint test that Python reads our files
+[ $# -gt 0 ] && packages=("$@")
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

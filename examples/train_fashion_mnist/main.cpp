@@ -46,6 +46,7 @@ struct Options {
   double bucket_cap_mb = 25;
   double first_bucket_cap_mb = 1;
   std::string backend = "gloo";
+  std::string init_method = "env://";  // file:///path: ranks started by hand meet in a file (Windows)
   int64_t seed = 0;
   std::string data_dir = examples::FashionMNIST::kDefaultDir;
   int threads = 1;
@@ -103,9 +104,11 @@ class ProgressBar {
 };
 
 // env:// under ddprun, torchrun, srun or mpirun; started alone, a world of one (launch_environment.h).
+// --init-method file:///path: each rank started by hand with RANK and WORLD_SIZE, no launcher.
 ddp::ProcessGroupPtr init(const Options& options) {
   ddp::InitOptions init;
   init.backend = options.backend;
+  init.init_method = options.init_method;
   init.timeout = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1000));
   return ddp::init_process_group(init);
 }
@@ -294,6 +297,8 @@ int main(int argc, char** argv) {
   app.add_option("--first-bucket-cap-mb", options.first_bucket_cap_mb,
                  "size of the first bucket (the last layers' gradients) in MiB")->check(positive);
   app.add_option("--backend", options.backend, "gloo, nccl or auto");
+  app.add_option("--init-method", options.init_method,
+                 "where the ranks meet: env:// (MASTER_ADDR/MASTER_PORT), tcp://host:port or file:///path");
   app.add_option("--seed", options.seed, "model initialization and shuffle seed");
   app.add_option("--data-dir", options.data_dir, "folder with the Fashion-MNIST *-ubyte.gz files");
   app.add_option("--threads", options.threads, "torch threads per rank")->check(examples::thread_count());

@@ -21,6 +21,9 @@
 #   main_job_test.sh refusals TRAIN         bad flags (NaN, inf, too many threads, a checkpoint
 #                                           directory that cannot be one) exit 2 with the rule, before
 #                                           any training
+#   main_job_test.sh filestore TRAIN        2 ranks started by hand (RANK, WORLD_SIZE) meeting over
+#                                           --init-method file://: the Windows launch path (no launcher,
+#                                           no TCP store), run here on Linux
 #   main_job_test.sh identity DDPRUN TRAIN  a checkpoint names the run that wrote it: another run
 #                                           resumes it only with --resume-from-other-run; a restart
 #                                           by ddprun --max-restarts (same run id) resumes
@@ -255,6 +258,23 @@ case $mode in
     refused --checkpoint-dir "$dir/a-file/sub" "^--checkpoint-dir: cannot create the directory '$dir/a-file/sub': Not a directory"
     ;;
 
+  filestore)
+    train=$1
+    dir=$(mktemp -d)
+    rank1=""
+    trap 'kill -KILL $rank1 2>/dev/null; rm -rf "$dir"' EXIT
+    # No MASTER_ADDR/MASTER_PORT: nothing but the file tells the ranks where to meet.
+    unset MASTER_ADDR MASTER_PORT
+    RANK=1 WORLD_SIZE=2 timeout 240 "$train" --init-method "file://$dir/store" --epochs 1 "${small[@]}" >"$dir/rank1.log" 2>&1 &
+    rank1=$!
+    out=$(RANK=0 WORLD_SIZE=2 timeout 240 "$train" --init-method "file://$dir/store" --epochs 1 "${small[@]}" 2>&1) ||
+      fail "rank 0: exit code $?"
+    wait $rank1 || { code=$?; out=$(cat "$dir/rank1.log"); fail "rank 1: exit code $code"; }
+    grep -q "world 2 (" <<<"$out" || fail "the job did not run as a world of 2"
+    grep -Eq "^$epoch_line" <<<"$out" || fail "no epoch line with (10000 samples) and samples/s"
+    grep -E "^$epoch_line" <<<"$out"
+    ;;
+
   identity)
     ddprun=$1 train=$2
     dir=$(mktemp -d)
@@ -292,7 +312,7 @@ case $mode in
     ;;
 
   *)
-    echo "usage: $0 ddprun2|ddprun3 DDPRUN TRAIN | progress TRAIN | resume TRAIN | refusals TRAIN | identity DDPRUN TRAIN"
+    echo "usage: $0 ddprun2|ddprun3 DDPRUN TRAIN | progress TRAIN | resume TRAIN | refusals TRAIN | filestore TRAIN | identity DDPRUN TRAIN"
     exit 2
     ;;
 esac

@@ -2,6 +2,7 @@
 #include <ddp/process_group.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -60,6 +61,17 @@ Endpoint parse_tcp_endpoint(const std::string& address) {
   }
   endpoint.port = static_cast<int>(parse_int(address.substr(colon + 1), "port in tcp://" + address, 1, 65535));
   return endpoint;
+}
+
+// The file a file:// URL names. On Windows "file:///C:/jobs/store" is C:/jobs/store: the URL's path
+// keeps a slash before the drive letter, which Python's url2pathname (PyTorch's file:// rendezvous) drops too.
+std::string file_store_path(const std::string& url_path) {
+#ifdef _WIN32
+  const bool drive = url_path.size() >= 3 && url_path[0] == '/' && url_path[2] == ':' &&
+                     std::isalpha(static_cast<unsigned char>(url_path[1]));
+  if (drive) return url_path.substr(1);
+#endif
+  return url_path;
 }
 
 // A host name no resolver knows is a typo, not a slow master: say so at once instead of retrying
@@ -322,7 +334,7 @@ Connection connect_group(const InitOptions& options) {
       return connection;
     };
   } else if (method.rfind("file://", 0) == 0) {
-    const std::string path = method.substr(7);
+    const std::string path = file_store_path(method.substr(7));
     if (path.empty()) fail("init_method 'file://' needs a path, e.g. file:///tmp/ddp_rendezvous");
     store = c10::make_intrusive<c10d::FileStore>(path, world_size);
     heartbeat_store = [store] { return store; };  // a file has no connection to lose
