@@ -116,6 +116,12 @@ DDP_WORKER(mismatched_ops) {
   require_mentions(dtypes, "8 Double elements", "dtypes");
   auto roots = error_of<ddp::CollectiveError>([&] { ddp::broadcast(tensor, rank); });
   require_mentions(roots, "from rank 1", "roots");
+  // The operation is part of the collective (issue 28: GradScaler's MAX paired with a SUM of the
+  // same size read a sum as "inf found").
+  auto reduce_ops = error_of<ddp::CollectiveError>(
+      [&] { ddp::all_reduce(tensor, rank == 0 ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX); });
+  require_mentions(reduce_ops, "rank 0 runs all_reduce of 8 Float elements with SUM", "reduce ops");
+  require_mentions(reduce_ops, "rank 1 runs all_reduce of 8 Float elements with MAX", "reduce ops");
 }
 TEST(CollectiveSafety, DifferentCollectivesDtypesOrRootsAreNamed) {
   EXPECT_WORKERS_OK(run_workers("mismatched_ops", 2, detail_on_gloo()));
