@@ -38,7 +38,10 @@ c10::intrusive_ptr<c10d::Work> OwnedGroup::allreduce_coalesced(std::vector<at::T
 bool OwnedGroup::sums_in_place(const at::Tensor& like) const { return shm_ && shm_->serves_scaled_sum({like}); }
 
 c10::intrusive_ptr<c10d::Work> OwnedGroup::start_scaled_sum(std::vector<at::Tensor>& tensors, double scale) {
-  TORCH_INTERNAL_ASSERT(shm_ && shm_->serves_scaled_sum(tensors), "start_scaled_sum on a group or tensors it does not serve");
+  // The caller checked the kind of tensors once (sums_in_place) and each gradient as it arrived:
+  // checking every piece again per launch would walk the bucket twice.
+  TORCH_INTERNAL_ASSERT(shm_, "start_scaled_sum on a group without shared memory");
+  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(shm_->serves_scaled_sum(tensors), "start_scaled_sum on tensors it does not serve");
   return shm_->allreduce(tensors, c10d::ReduceOp::SUM, scale);
 }
 

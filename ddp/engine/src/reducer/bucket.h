@@ -18,6 +18,7 @@ struct Bucket {
   // `flat`: a gradient usable as it is never enters the bucket, and the average is taken in the
   // reduction's own pass. Only without a comm hook (hooks are given `flat`).
   bool in_place = false;
+  std::vector<at::Tensor> pieces;       // in_place: this launch's list, reused (no allocation per step)
   size_t pending = 0;                   // members not ready yet in this iteration
   c10::intrusive_ptr<c10d::Work> work;  // the in-flight allreduce, if launched
 };

@@ -114,6 +114,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
     bucket.scale = at::full({}, 1.0 / divisor_, bucket.flat.options());
     bucket.collective = {bucket.flat};
     bucket.in_place = !hook_runner_ && owner_ != nullptr && owner_->sums_in_place(bucket.flat);
+    if (bucket.in_place) bucket.pieces.reserve(bucket.params.size());
     int64_t offset = 0;
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       at::Tensor& param = params_[bucket.params[k]];
@@ -489,17 +490,15 @@ void Reducer::launch_ready_buckets() {
 c10::intrusive_ptr<c10d::Work> Reducer::start_bucket_reduction(size_t b) {
   Bucket& bucket = buckets_[b];
   if (!bucket.in_place) return group_->allreduce(bucket.collective);
-  const double scale = 1.0 / divisor_;
   bool any_in_grad = false;
-  for (size_t p : bucket.params) any_in_grad = any_in_grad || in_grad_[p];
-  if (!any_in_grad) return owner_->start_scaled_sum(bucket.collective, scale);  // all in slots: one piece
-  std::vector<at::Tensor> pieces;
-  pieces.reserve(bucket.params.size());
+  bucket.pieces.clear();
   for (size_t k = 0; k < bucket.params.size(); ++k) {
     const size_t p = bucket.params[k];
-    pieces.push_back(in_grad_[p] ? params_[p].mutable_grad() : bucket.views[k]);
+    any_in_grad = any_in_grad || in_grad_[p];
+    bucket.pieces.push_back(in_grad_[p] ? params_[p].mutable_grad() : bucket.views[k]);
   }
-  return owner_->start_scaled_sum(pieces, scale);
+  // All in their slots (bucket views, unused parameters): the bucket as one piece.
+  return owner_->start_scaled_sum(any_in_grad ? bucket.pieces : bucket.collective, 1.0 / divisor_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -606,6 +605,7 @@ void Reducer::wait_for_bucket(size_t b) {
   Bucket& bucket = buckets_[b];
   wait_collective(bucket.work, [&] { return describe_bucket(b); }, kLoopCollectiveHint);
   bucket.work.reset();
+  bucket.pieces.clear();  // no gradient kept alive past its reduction (the capacity stays)
 }
 
 void Reducer::write_back_gradients() {
@@ -636,6 +636,7 @@ void Reducer::discard_iteration() {
       // The iteration is being abandoned; its error is reported by the caller.
     }
     buckets_[b].work.reset();
+    buckets_[b].pieces.clear();
   }
   state_ = State::kIdle;
 }

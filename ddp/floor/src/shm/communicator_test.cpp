@@ -1140,6 +1140,31 @@ TEST(ShmCommunicator, FailedSetupThrowsShmUnavailableAndLeavesNothing) {
   }
 }
 
+// A scale goes with a floating SUM only; anything else is refused before communicating, saying
+// which pair. A group of one still applies it (its sum is its own data).
+TEST(ShmCommunicator, OnlyAFloatingSumIsScaled) {
+  Scratch scratch;
+  FileRendezvous rendezvous(scratch.folder);
+  shm::Communicator comm(rendezvous, scratch.prefix, 0, 1, test_options());
+  std::vector<float> floats = {1.5f, -2.0f};
+  std::vector<std::int32_t> ints = {3, 4};
+  const auto refusal = [](const std::function<void()>& call) {
+    try {
+      call();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(refusal([&] { comm.allreduce({{floats.data(), 2}}, shm::DType::kFloat32, shm::Op::kMax, 0.5); }),
+            "shm::Communicator::allreduce: MAX of float32 cannot be scaled");
+  EXPECT_EQ(refusal([&] { comm.allreduce({{ints.data(), 2}}, shm::DType::kInt32, shm::Op::kSum, 0.5); }),
+            "shm::Communicator::allreduce: SUM of int32 cannot be scaled");
+  comm.allreduce({{floats.data(), 1}, {floats.data() + 1, 1}}, shm::DType::kFloat32, shm::Op::kSum, 0.5);
+  EXPECT_EQ(floats, (std::vector<float>{0.75f, -1.0f}));
+  EXPECT_TRUE(leftovers(scratch.prefix).empty());
+}
+
 TEST(ShmCommunicator, AGroupOfOneNeedsNoSharedMemory) {
   Scratch scratch;
   FileRendezvous rendezvous(scratch.folder);
