@@ -217,6 +217,46 @@ DDP_WORKER(register_misuse) {
 }
 TEST(CommHooksErrors, RegisteringTwiceOrAfterTrainingStarted) { EXPECT_WORKERS_OK(run_workers("register_misuse", 2)); }
 
+// Hooks are registered rank by rank; ranks that registered different ones (or options) used to
+// abort in Gloo at the first bucket ("op.preamble.length <= op.nbytes"). Now every rank's first
+// backward throws, listing each rank's hook, and nothing is reduced.
+DDP_WORKER(different_hooks) {
+  worker_init(std::chrono::seconds(10));
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  auto [x, y] = batch(0);
+  auto first_backward = [&](const std::function<void(ddp::DistributedDataParallel<MLPImpl>&)>& register_hook) {
+    MLP net;
+    ddp::DistributedDataParallel model(net, small_buckets());
+    register_hook(model);
+    return error_of([&] { torch::mse_loss(model.forward(shard(x, rank, world)), shard(y, rank, world)).backward(); });
+  };
+  auto none_here = first_backward([&](auto& model) {
+    if (rank == 0) model.register_comm_hook(ddp::hooks::fp16_compress());
+  });
+  require_mentions(none_here, "different communication hooks", "fp16 on rank 0 only");
+  require_mentions(none_here, "rank 0: 'fp16_compress'; rank 1: no hook", "fp16 on rank 0 only");
+
+  auto other_rank = first_backward([&](auto& model) {
+    model.register_comm_hook(ddp::hooks::powersgd(
+        ddp::hooks::PowerSGDOptions().matrix_approximation_rank(1 + rank).start_powerSGD_iter(2)));
+  });
+  require_mentions(other_rank, "rank 0: 'powersgd' (matrix_approximation_rank=1,", "PowerSGD ranks");
+  require_mentions(other_rank, "rank 1: 'powersgd' (matrix_approximation_rank=2,", "PowerSGD ranks");
+
+  // The same hook everywhere still trains (wrappers carry their inner hook's settings).
+  auto same = first_backward([&](auto& model) {
+    model.register_comm_hook(ddp::hooks::fp16_compress_wrapper(ddp::hooks::powersgd(
+        ddp::hooks::PowerSGDOptions().matrix_approximation_rank(2).start_powerSGD_iter(2))));
+  });
+  require(same.empty(), "the same hook on every rank failed: " + same);
+}
+TEST(CommHooksErrors, RanksWithDifferentHooksFailNamingEachRanksHook) {
+  EXPECT_WORKERS_OK(run_workers("different_hooks", 2));
+  RunOptions gloo_only;  // where it used to abort the process
+  gloo_only.env["TORCHDDP_SHM"] = "0";
+  EXPECT_WORKERS_OK(run_workers("different_hooks", 2, gloo_only));
+}
+
 // A hook whose future holds the wrong shape or dtype: the end of backward names the bucket and
 // what was expected, on every rank (every rank runs the same faulty hook).
 DDP_WORKER(wrong_result) {

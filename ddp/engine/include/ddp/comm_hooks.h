@@ -96,15 +96,22 @@ class GradBucket {
   std::vector<size_t> parameter_indices_;
 };
 
-// What register_comm_hook takes: the function, a name (reported in logging_data()), and optionally
-// the hook's state, which save_checkpoint/load_checkpoint carry when given the DDP wrapper.
+// What register_comm_hook takes: the function, a name (reported in logging_data()), optionally
+// the hook's state, which save_checkpoint/load_checkpoint carry when given the DDP wrapper, and
+// optionally its settings: what else every rank must agree on (PowerSGD's options, say).
 // Any callable FuturePtr(GradBucket&) converts to a CommHook.
+//
+// Every rank must register the same hook: at the first reduction DDP compares each rank's name and
+// settings (one small allgather, once) and throws on every rank, listing each rank's hook, when they
+// differ -- a hook on one rank and none on another would pair collectives of different sizes.
 class CommHook {
  public:
   using Function = std::function<FuturePtr(GradBucket&)>;
 
-  CommHook(Function function, std::string name = "custom", std::shared_ptr<Stateful> state = nullptr)
-      : function_(std::move(function)), name_(std::move(name)), state_(std::move(state)) {}
+  CommHook(Function function, std::string name = "custom", std::shared_ptr<Stateful> state = nullptr,
+           std::string settings = "")
+      : function_(std::move(function)), name_(std::move(name)), state_(std::move(state)),
+        settings_(std::move(settings)) {}
   template <typename F, typename = std::enable_if_t<std::is_invocable_r_v<FuturePtr, F&, GradBucket&> &&
                                                     !std::is_same_v<std::decay_t<F>, CommHook> &&
                                                     !std::is_same_v<std::decay_t<F>, Function>>>
@@ -114,11 +121,13 @@ class CommHook {
   FuturePtr operator()(GradBucket& bucket) const { return function_(bucket); }
   const std::string& name() const { return name_; }
   const std::shared_ptr<Stateful>& state() const { return state_; }
+  const std::string& settings() const { return settings_; }
 
  private:
   Function function_;
   std::string name_;
   std::shared_ptr<Stateful> state_;
+  std::string settings_;
 };
 
 namespace hooks {

@@ -176,7 +176,7 @@ CommHook fp16_compress_wrapper(CommHook inner) {
   const std::string name = "fp16_compress_wrapper(" + inner.name() + ")";
   auto state = inner.state();
   return CommHook([inner](GradBucket& bucket) { return compress_around(bucket, at::kHalf, /*divide=*/false, inner); },
-                  name, state);
+                  name, state, inner.settings());
 }
 
 CommHook bf16_compress_wrapper(CommHook inner) {
@@ -184,7 +184,7 @@ CommHook bf16_compress_wrapper(CommHook inner) {
   auto state = inner.state();
   return CommHook(
       [inner](GradBucket& bucket) { return compress_around(bucket, at::kBFloat16, /*divide=*/false, inner); }, name,
-      state);
+      state, inner.settings());
 }
 
 }  // namespace hooks

@@ -396,9 +396,24 @@ void PowerSGDState::load_state_dict(const TensorDict& state) {
   carried_ = std::move(carried);
 }
 
+// Every option changes what the ranks send (or, for the seed, the Qs they must share), so all of
+// them are what the ranks must agree on.
+namespace {
+std::string settings_of(const PowerSGDOptions& o) {
+  std::ostringstream text;
+  text << "matrix_approximation_rank=" << o.matrix_approximation_rank()
+       << ", start_powerSGD_iter=" << o.start_powerSGD_iter() << ", min_compression_rate=" << o.min_compression_rate()
+       << ", use_error_feedback=" << o.use_error_feedback() << ", warm_start=" << o.warm_start()
+       << ", orthogonalization_epsilon=" << o.orthogonalization_epsilon() << ", random_seed=" << o.random_seed()
+       << ", batch_tensors_with_same_shape=" << o.batch_tensors_with_same_shape();
+  return text.str();
+}
+}  // namespace
+
 CommHook powersgd(PowerSGDOptions options) {
   auto state = std::make_shared<PowerSGDState>(options);
-  return CommHook([state](GradBucket& bucket) { return state->reduce(bucket); }, "powersgd", state);
+  return CommHook([state](GradBucket& bucket) { return state->reduce(bucket); }, "powersgd", state,
+                  settings_of(options));
 }
 
 }  // namespace ddp::hooks

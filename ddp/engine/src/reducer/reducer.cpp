@@ -36,6 +36,11 @@ std::string list_names(const std::vector<std::string>& names, const std::vector<
   return join_limited(which, 10, ", ", [&](size_t i) { return names[i]; });
 }
 
+// What ranks compare of a hook: its name, and its settings when it has any.
+std::string describe_hook(const CommHook& hook) {
+  return hook.settings().empty() ? "'" + hook.name() + "'" : "'" + hook.name() + "' (" + hook.settings() + ")";
+}
+
 }  // namespace
 
 std::shared_ptr<Reducer> Reducer::create(std::vector<at::Tensor> params, std::vector<std::string> names,
@@ -458,6 +463,12 @@ void Reducer::mark_ready(size_t param, bool used) {
 // Work::wait() in finalize() orders the current stream after the collective, so neither the copy
 // nor the optimizer step that follows can race with the allreduce.
 void Reducer::launch_ready_buckets() {
+  if (!hooks_compared_ && next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
+    // Before the first reduction of the run, which every rank reaches (a shadowing rank too):
+    // hooks are registered rank by rank, so this is the first point where they can be compared.
+    hooks_compared_ = true;
+    verify_same_comm_hook(hook_runner_ ? describe_hook(hook_runner_->hook()) : "", group_);
+  }
   while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].pending == 0) {
     Bucket& bucket = buckets_[next_bucket_];
     if (hook_runner_) {

@@ -170,6 +170,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::string error_;                 // raised at the next forward
   std::unique_ptr<HookRunner> hook_runner_;  // set by register_comm_hook
   int64_t training_forwards_ = 0;     // forwards that armed the reducer (training has begun)
+  bool hooks_compared_ = false;       // the ranks checked they reduce through the same hook
   int divisor_ = 1;                   // gradients are averaged over this many ranks
   bool check_collectives_ = false;    // TORCH_DISTRIBUTED_DEBUG=DETAIL
   IterationRecorder recorder_;        // timings for logging_data() and the timeline

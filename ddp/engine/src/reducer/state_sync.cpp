@@ -150,6 +150,22 @@ void verify_same_buckets(const std::vector<std::pair<int64_t, c10::ScalarType>>&
   throw CollectiveError(message.str());
 }
 
+void verify_same_comm_hook(const std::string& hook, const ProcessGroupPtr& group) {
+  if (group->getSize() == 1) return;
+  const auto all = all_gather_values(std::vector<int64_t>(hook.begin(), hook.end()), group,
+                                     "the check that every rank registered the same communication hook");
+  if (std::all_of(all.begin(), all.end(), [&](const auto& theirs) { return theirs == all.front(); })) return;
+  std::ostringstream message;
+  message << "DistributedDataParallel: the ranks registered different communication hooks, so their "
+             "reductions would not pair (call register_comm_hook with the same hook and options on every "
+             "rank): ";
+  for (size_t r = 0; r < all.size(); ++r) {
+    const std::string theirs(all[r].begin(), all[r].end());
+    message << (r ? "; " : "") << "rank " << r << ": " << (theirs.empty() ? "no hook" : theirs);
+  }
+  throw CollectiveError(message.str());
+}
+
 TensorBroadcaster::TensorBroadcaster(std::vector<at::Tensor> tensors, ProcessGroupPtr group)
     : tensors_(std::move(tensors)), group_(std::move(group)), check_collectives_(debug_level() == DebugLevel::kDetail) {
   std::map<std::pair<std::string, int>, size_t> index;

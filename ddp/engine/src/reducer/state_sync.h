@@ -20,6 +20,12 @@ void verify_same_parameters(const std::vector<at::Tensor>& params, const std::ve
 // every reduction. `buckets[b]` = {elements, dtype}.
 void verify_same_buckets(const std::vector<std::pair<int64_t, c10::ScalarType>>& buckets, const ProcessGroupPtr& group);
 
+// Throws CollectiveError on every rank, listing each rank's hook, unless all ranks registered the
+// same communication hook: `hook` is this rank's name and settings ("" for none). A hook on one rank
+// and none (or another) on the next would pair collectives of different sizes, which Gloo answers
+// by aborting the process.
+void verify_same_comm_hook(const std::string& hook, const ProcessGroupPtr& group);
+
 // Broadcasts a fixed list of tensors from a root rank, packed into one flat buffer per
 // (device, dtype) so that many small tensors cost a few collectives. Buffers are allocated once.
 class TensorBroadcaster {
