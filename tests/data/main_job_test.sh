@@ -13,6 +13,9 @@
 #   main_job_test.sh progress TRAIN         a progress bar on a terminal (util-linux `script`),
 #                                           plain lines when piped
 #   main_job_test.sh resume TRAIN           --checkpoint-dir: a second run resumes after epoch 1
+#   main_job_test.sh killed_on_shm DDPRUN TRAIN
+#                                           a rank SIGKILLed on gloo+shm: ddprun exits non-zero naming
+#                                           it, and /dev/shm holds nothing of the job
 #   main_job_test.sh frozen DDPRUN TRAIN    a rank frozen by SIGSTOP ends the job within --timeout
 #   main_job_test.sh frozen_store_host DDPRUN TRAIN
 #                                           the same for rank 0, which hosts the store
@@ -153,6 +156,46 @@ case $mode in
     grep -q "the store hosted by rank 0 at 127.0.0.1:$port did not answer" <<<"$out" || fail "rank 1 did not name rank 0's store"
     grep -m1 "did not answer" <<<"$out"
     echo "rank 1 ended $took s after it started, rank 0 frozen (--timeout 5), exit code $code"
+    ;;
+
+  killed_on_shm)
+    # SIGKILL of a rank mid-epoch on the shared-memory transport, each rank in turn: ddprun ends
+    # the job with a non-zero code naming the killed rank, within seconds, and /dev/shm holds
+    # nothing of the job afterwards (the segments are unlinked once every rank has mapped them).
+    ddprun=$1 train=$2
+    for victim in 0 1; do
+      log=$(mktemp)
+      "$ddprun" --standalone --nproc-per-node 2 --grace-period 2 -- "$train" --epochs 1 --timeout 20 >"$log" 2>&1 &
+      launcher=$!
+      trap 'kill -KILL $launcher 2>/dev/null; rm -f "$log"' EXIT
+      for _ in $(seq 600); do grep -q "world 2 (gloo+shm)" "$log" && break; sleep 0.1; done
+      grep -q "world 2 (gloo+shm)" "$log" || { out=$(cat "$log"); fail "the job did not start on gloo+shm"; }
+      sleep 1  # into the first epoch
+      victim_pid="" run_id=""
+      for pid in $(pgrep -P $launcher); do
+        environ=$(tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null)
+        grep -qx RANK=$victim <<<"$environ" && victim_pid=$pid && run_id=$(sed -n 's/^TORCHDDP_RUN_ID=//p' <<<"$environ")
+      done
+      [[ -n $victim_pid && -n $run_id ]] || { out=$(cat "$log"); fail "rank $victim's process or run id not found"; }
+      ls /dev/shm | grep -q "^torchddp-$run_id" && { out=$(cat "$log"); fail "segments of the job stayed in /dev/shm while it ran"; }
+      kill -KILL "$victim_pid"
+      killed_at=$SECONDS
+      for _ in $(seq 300); do kill -0 $launcher 2>/dev/null || break; sleep 0.1; done
+      took=$((SECONDS - killed_at))
+      out=$(cat "$log")
+      kill -0 $launcher 2>/dev/null && fail "ddprun still running 30 s after rank $victim was killed"
+      wait $launcher
+      code=$?
+      [[ $code != 0 ]] || fail "ddprun exited 0 although rank $victim was killed"
+      grep -q "rank $victim (local rank $victim on node 0, pid $victim_pid) was killed by signal 9 (SIGKILL)" <<<"$out" ||
+        fail "ddprun did not name rank $victim as killed"
+      left=$(ls /dev/shm | grep "^torchddp-$run_id" || true)
+      [[ -z $left ]] || fail "left in /dev/shm after the job: $left"
+      ((took <= 10)) || fail "the job ended $took s after rank $victim was killed"
+      echo "rank $victim killed: ddprun exited $code after $took s, nothing of run $run_id left in /dev/shm"
+      rm -f "$log"
+    done
+    trap - EXIT
     ;;
 
   frozen | frozen_store_host)
