@@ -15,7 +15,7 @@ foreach(label "allreduce of float32 at world 2" "naive_check" "ours/ours_gloo" "
     message(FATAL_ERROR "the summary does not print '${label}'")
   endif()
 endforeach()
-foreach(file results.csv results.json steps_mlp_b4_w1.png steps_mlp_b4_w2.png)
+foreach(file results.csv results.json steps_mlp_b4_w1.png steps_mlp_b4_w2.png allreduce_w2.json allreduce_w2.png)
   if(NOT EXISTS ${OUT}/${file})
     message(FATAL_ERROR "ddp_bench --quick did not write ${file}")
   endif()

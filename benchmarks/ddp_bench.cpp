@@ -297,7 +297,23 @@ void allreduce_job(const Options& o, const Groups& groups) {
     out["sizes"].push_back({{"bytes", bytes[b]}, {"default_ms", a}, {"gloo_ms", g}, {"ratio", a / g},
                             {"default_times_ms", shm[b]}, {"gloo_times_ms", gloo[b]}});
   }
-  std::ofstream(fs::path(o.out) / ("allreduce_w" + std::to_string(world) + ".json")) << out.dump(1) << "\n";
+  const std::string stem = (fs::path(o.out) / ("allreduce_w" + std::to_string(world))).string();
+  std::ofstream(stem + ".json") << out.dump(1) << "\n";
+  {
+    // Columns: bytes, then median, 25th and 75th percentile for the default group and for Gloo.
+    std::ofstream dat(stem + ".dat");
+    for (size_t b = 0; b < bytes.size(); ++b) {
+      dat << bytes[b];
+      for (const auto* times : {&shm[b], &gloo[b]}) {
+        dat << " " << median(*times) << " " << quantile(*times, 0.25) << " " << quantile(*times, 0.75);
+      }
+      dat << "\n";
+    }
+  }
+  const std::string title = "world " + std::to_string(world) + ", " + ddp::transport(groups.ours) + " vs gloo";
+  if (!plot("plot_allreduce.gp", stem + ".dat", stem + ".png", title)) {
+    std::cerr << "gnuplot failed for " << stem << ".dat\n";
+  }
 }
 
 int run_rank(const Options& o) {

@@ -264,14 +264,14 @@ void write_plot_data(const fs::path& file, const json& rows, const Options& o) {
   }
 }
 
-bool plot(const fs::path& dat, const fs::path& png, const std::string& title) {
-  const fs::path script = fs::path(DDP_BENCH_SOURCE_DIR) / "plot_steps.gp";
-  const std::string command = "gnuplot -e \"datafile='" + dat.string() + "'; outfile='" + png.string() +
-                              "'; plottitle='" + title + "'\" '" + script.string() + "'";
+}  // namespace
+
+bool plot(const std::string& script, const std::string& dat, const std::string& png, const std::string& title) {
+  const fs::path path = fs::path(DDP_BENCH_SOURCE_DIR) / script;
+  const std::string command = "gnuplot -e \"datafile='" + dat + "'; outfile='" + png + "'; plottitle='" + title +
+                              "'\" '" + path.string() + "'";
   return std::system(command.c_str()) == 0 && fs::exists(png);
 }
-
-}  // namespace
 
 std::string load_average() {
   std::ifstream in("/proc/loadavg");
@@ -344,8 +344,12 @@ bool write_report(const Options& o, const std::string& load_at_start) {
       const std::string stem = "steps_" + config.label() + "_w" + std::to_string(world);
       write_plot_data(dir / (stem + ".dat"), rows, o);
       const std::string title = config.label() + ", world " + std::to_string(world);
-      if (plot(dir / (stem + ".dat"), dir / (stem + ".png"), title)) images.push_back(stem + ".png");
-      else { std::cerr << "gnuplot failed for " << stem << ".dat\n"; ok = false; }
+      if (plot("plot_steps.gp", (dir / (stem + ".dat")).string(), (dir / (stem + ".png")).string(), title)) {
+        images.push_back(stem + ".png");
+      } else {
+        std::cerr << "gnuplot failed for " << stem << ".dat\n";
+        ok = false;
+      }
     }
   }
   all["load_average"]["end"] = load_average();

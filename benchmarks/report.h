@@ -9,6 +9,8 @@
 namespace bench {
 
 bool write_report(const Options& options, const std::string& load_at_start);
+// Draws `dat` into `png` with the gnuplot script benchmarks/<script>; false if gnuplot failed.
+bool plot(const std::string& script, const std::string& dat, const std::string& png, const std::string& title);
 std::string load_average();  // /proc/loadavg's first three fields
 
 }  // namespace bench
