@@ -234,7 +234,10 @@ int run(const Options& options) {
                 static_cast<long long>(options.batch_size * world), options.lr, *train.size(), *test.size(),
                 options.threads, options.comm_hook.c_str());
   }
-  const bool show_bar = leader && isatty(STDOUT_FILENO);
+  // On a terminal: ours, or ddprun's, which shows our "\r" redraws live (launch/README.md).
+  const char* ddprun_terminal = std::getenv("DDPRUN_TERMINAL");
+  const bool on_terminal = isatty(STDOUT_FILENO) || (ddprun_terminal && std::string(ddprun_terminal) == "1");
+  const bool show_bar = leader && on_terminal;
   for (int epoch = start_epoch; epoch < options.epochs; ++epoch) {
     if (sampler.epoch() != epoch) sampler.set_epoch(epoch);  // a new shuffle, the same on every rank
     ProgressBar bar(show_bar, sampler.size());

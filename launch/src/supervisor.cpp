@@ -207,7 +207,8 @@ std::vector<std::string> rank_environment(const Options& options, const RoundInf
   };
   std::vector<std::string> env;
   for (const auto& entry : current_environment()) {
-    if (ours.count(entry.substr(0, entry.find('='))) == 0) env.push_back(entry);
+    const std::string name = entry.substr(0, entry.find('='));
+    if (ours.count(name) == 0 && name != "DDPRUN_TERMINAL") env.push_back(entry);
   }
   for (const auto& [name, value] : ours) env.push_back(name + "=" + value);
   if (sets_omp_num_threads(options)) env.push_back("OMP_NUM_THREADS=1");
@@ -219,6 +220,9 @@ std::vector<std::string> rank_environment(const Options& options, const RoundInf
               env.end());
     env.push_back("LD_PRELOAD=" + buffering.libstdbuf + (preload && *preload ? std::string(":") + preload : ""));
     env.push_back("_STDBUF_O=" + buffering.mode);
+    // The rank's isatty(1) is false (a pipe to ddprun), but its "\r" redraws reach a terminal live:
+    // tell it, so a program that draws a progress bar only on a terminal can draw it here too.
+    if (buffering.mode == "0") env.push_back("DDPRUN_TERMINAL=1");
   }
   return env;
 }

@@ -12,6 +12,8 @@
 #                                           sbatch script
 #   main_job_test.sh progress TRAIN         a progress bar on a terminal (util-linux `script`),
 #                                           plain lines when piped
+#   main_job_test.sh progress_ddprun DDPRUN TRAIN
+#                                           the same under ddprun: rank 0's bar on ddprun's terminal
 #   main_job_test.sh resume TRAIN           --checkpoint-dir: a second run resumes after epoch 1
 #   main_job_test.sh killed_on_shm DDPRUN TRAIN
 #                                           a rank SIGKILLed on gloo+shm: ddprun exits non-zero naming
@@ -257,6 +259,27 @@ case $mode in
     out=$("$train" --epochs 1 "${small[@]}" 2>&1 | cat) || fail "exit code $? when piped"
     grep -Eq "^$epoch_line" <<<"$out" || fail "no plain epoch line when piped"
     [[ $out == *$'\r'* ]] && fail "carriage returns in piped output"
+    grep -Eq "$bar" <<<"$out" && fail "a progress bar in piped output"
+    ;;
+
+  progress_ddprun)
+    # Under ddprun on a terminal the rank's stdout is a pipe, but ddprun shows its redraws live and
+    # says so (DDPRUN_TERMINAL=1): rank 0's bar reaches the terminal behind its prefix. Piped, none.
+    ddprun=$1 train=$2
+    if ! command -v script >/dev/null 2>&1; then
+      echo "SKIP: util-linux 'script' is not installed, so no terminal can be given to ddprun"
+      exit 77
+    fi
+    bar='epoch 1/1 \[#{30}\] 100% loss [0-9.]+'
+    job=(env -u _STDBUF_O -u LD_PRELOAD -u DDPRUN_TERMINAL "$ddprun" --standalone --nproc-per-node 2 --
+         "$train" --epochs 1 "${small[@]}")
+    cmd=$(printf '%q ' "${job[@]}")
+    out=$(timeout -k 5 120 script -qec "$cmd" /dev/null 2>&1) || fail "exit code $? under script"
+    grep -Eq "$epoch_line" <<<"$out" || fail "no epoch line on the terminal"
+    grep -Eq $'\r'"\[rank 0\] $bar" <<<"$out" || fail "no progress bar of rank 0 redrawn on ddprun's terminal"
+    grep -Eq "\[rank 1\] epoch 1/1 \[#" <<<"$out" && fail "rank 1 drew a bar too"
+    out=$(timeout -k 5 120 "${job[@]}" 2>&1 | cat) || fail "exit code $? when piped"
+    grep -Eq "$epoch_line" <<<"$out" || fail "no epoch line when piped"
     grep -Eq "$bar" <<<"$out" && fail "a progress bar in piped output"
     ;;
 
