@@ -6,7 +6,8 @@
 //   ddp::DistributedSampler sampler(dataset.size().value(),
 //       ddp::DistributedSamplerOptions().num_replicas(W).rank(r).shuffle(true).seed(0));
 //   auto loader = ddp::make_data_loader(dataset, sampler, batch_size);   // <ddp/data_loader.h>
-//   if (resuming) sampler.load_state(saved);   // then start the loop at saved.epoch
+//   int64_t start = 0;
+//   if (resuming) { sampler.load_state(saved); start = saved.epoch; }  // saved: a SamplerState
 //   for (int64_t epoch = start; epoch < epochs; ++epoch) {
 //     sampler.set_epoch(epoch);            // a new shuffle every epoch, as in Python
 //     for (auto& batch : *loader) { ... }  // state() counts the batches that reached this loop
