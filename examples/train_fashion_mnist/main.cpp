@@ -24,6 +24,7 @@
 #include "command_line.h"
 
 #include <ddp/comm_hooks.h>
+#include <ddp/data_loader.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/distributed_sampler.h>
 #include <ddp/launch_environment.h>
@@ -201,8 +202,9 @@ int run(const Options& options) {
 
   ddp::DistributedSampler sampler(*train.size(), ddp::DistributedSamplerOptions()
                                                      .num_replicas(world).rank(rank).shuffle(true).seed(options.seed));
-  auto loader = torch::data::make_data_loader(examples::FashionMNIST(train).map(torch::data::transforms::Stack<>()),
-                                              sampler, torch::data::DataLoaderOptions().batch_size(options.batch_size));
+  // ddp::make_data_loader: LibTorch's loader, whose sampler state() counts what reached the loop.
+  auto loader = ddp::make_data_loader(examples::FashionMNIST(train).map(torch::data::transforms::Stack<>()),
+                                      sampler, torch::data::DataLoaderOptions().batch_size(options.batch_size));
 
   int start_epoch = 0;
 #ifdef TRAIN_HAS_CHECKPOINT
@@ -239,7 +241,7 @@ int run(const Options& options) {
   const bool on_terminal = isatty(STDOUT_FILENO) || (ddprun_terminal && std::string(ddprun_terminal) == "1");
   const bool show_bar = leader && on_terminal;
   for (int epoch = start_epoch; epoch < options.epochs; ++epoch) {
-    if (sampler.epoch() != epoch) sampler.set_epoch(epoch);  // a new shuffle, the same on every rank
+    sampler.set_epoch(epoch);  // a new shuffle, the same on every rank (after a resume: keeps its position)
     ProgressBar bar(show_bar, sampler.size());
     const std::string label = "epoch " + std::to_string(epoch + 1) + "/" + std::to_string(options.epochs);
     ddp::Metrics local;

@@ -9,6 +9,7 @@
 // ddp/floor: process groups and the free collectives
 #include <ddp/launch_environment.h>
 #include <ddp/metrics.h>
+#include <ddp/per_rank.h>
 #include <ddp/process_group.h>
 #include <ddp/stateful.h>
 #include <ddp/wait_collective.h>
@@ -21,7 +22,8 @@
 #include <ddp/logging.h>
 #include <ddp/powersgd.h>
 
-// sampler/: DistributedSampler and its resumable state
+// sampler/: DistributedSampler, its resumable state, and the loader that counts what the program received
+#include <ddp/data_loader.h>
 #include <ddp/distributed_sampler.h>
 #include <ddp/sampler_state.h>
 

@@ -1,6 +1,7 @@
 #include <ddp/distributed_sampler.h>
 
 #include <algorithm>
+#include <deque>
 #include <stdexcept>
 #include <string>
 
@@ -74,12 +75,33 @@ std::vector<size_t> distributed_indices(size_t dataset_size, int64_t num_replica
   return mine;
 }
 
+// Which count state() reports. kYielded: the indices next() handed out, which is what the program
+// received when the loader asks for a batch only as the program wants one (LibTorch's loader
+// without workers). kReceived: what ddp::make_data_loader's loader says reached the program; its
+// workers may have fetched more.
+enum class Counting { kYielded, kReceived };
+
 struct DistributedSampler::Position {
   size_t dataset_size = 0;
   int64_t epoch = 0;
-  std::vector<size_t> indices;  // this rank's indices for `epoch`
-  size_t consumed = 0;
-  bool restored = false;  // load_state() was called and next() not yet: reset() keeps the position
+  std::vector<size_t> indices;   // this rank's indices for `epoch`
+  size_t yielded = 0;            // indices handed out by next() in this pass
+  size_t received = 0;           // of those, the ones that reached the program (kReceived)
+  std::deque<size_t> in_flight;  // where each batch handed out and not yet received ends
+  Counting counting = Counting::kYielded;
+  bool restored = false;  // load_state() was called and next() not yet: reset() and set_epoch() keep the position
+
+  size_t consumed() const { return counting == Counting::kReceived ? received : yielded; }
+  void restart_at(size_t at) {
+    yielded = received = at;
+    in_flight.clear();
+  }
+  void start(int64_t new_epoch, std::vector<size_t> new_indices) {
+    epoch = new_epoch;
+    indices = std::move(new_indices);
+    restart_at(0);
+    restored = false;
+  }
 };
 
 DistributedSampler::DistributedSampler(size_t dataset_size, DistributedSamplerOptions options)
@@ -100,13 +122,26 @@ DistributedSampler::DistributedSampler(size_t dataset_size, DistributedSamplerOp
   set_epoch(0);
 }
 
+std::vector<size_t> DistributedSampler::indices_of(int64_t epoch) const {
+  return distributed_indices(position_->dataset_size, num_replicas_, rank_, options_.shuffle(), options_.seed(), epoch,
+                             options_.drop_last(), options_.pad());
+}
+
 void DistributedSampler::set_epoch(int64_t epoch) {
-  position_->epoch = epoch;
-  position_->indices = distributed_indices(position_->dataset_size, num_replicas_, rank_,
-                                           options_.shuffle(), options_.seed(), epoch,
-                                           options_.drop_last(), options_.pad());
-  position_->consumed = 0;
-  position_->restored = false;
+  Position& position = *position_;
+  if (position.restored) {
+    // load_state() followed by the program's usual set_epoch(): the loaded position stands.
+    if (epoch == position.epoch) return;
+    const size_t at = position.consumed();
+    if (at > 0 && at < position.indices.size()) {
+      throw std::logic_error("DistributedSampler::set_epoch(" + std::to_string(epoch) +
+                             "): the sampler was just loaded at epoch " + std::to_string(position.epoch) + " with " +
+                             std::to_string(at) + " of its " + std::to_string(position.indices.size()) +
+                             " samples consumed; starting another epoch would drop that position and repeat or "
+                             "skip samples. Start the epoch loop at the loaded state's epoch");
+    }
+  }
+  position.start(epoch, indices_of(epoch));
 }
 
 int64_t DistributedSampler::epoch() const { return position_->epoch; }
@@ -115,44 +150,64 @@ size_t DistributedSampler::dataset_size() const { return position_->dataset_size
 const std::vector<size_t>& DistributedSampler::indices() const { return position_->indices; }
 
 void DistributedSampler::reset(c10::optional<size_t> new_size) {
-  if (new_size && *new_size != position_->dataset_size) {
+  Position& position = *position_;
+  if (new_size && *new_size != position.dataset_size) {
     check_size(*new_size, num_replicas_, options_.drop_last());
-    position_->dataset_size = *new_size;
-    set_epoch(position_->epoch);
+    position.dataset_size = *new_size;
+    position.start(position.epoch, indices_of(position.epoch));
     return;
   }
-  if (!position_->restored) position_->consumed = 0;
+  if (!position.restored) position.restart_at(0);
 }
 
 c10::optional<std::vector<size_t>> DistributedSampler::next(size_t batch_size) {
   Position& position = *position_;
   position.restored = false;
-  if (position.consumed >= position.indices.size()) return c10::nullopt;
-  const size_t end = std::min(position.indices.size(), position.consumed + batch_size);
-  std::vector<size_t> batch(position.indices.begin() + position.consumed, position.indices.begin() + end);
-  position.consumed = end;
+  if (position.yielded >= position.indices.size()) return c10::nullopt;
+  const size_t end = std::min(position.indices.size(), position.yielded + batch_size);
+  std::vector<size_t> batch(position.indices.begin() + position.yielded, position.indices.begin() + end);
+  position.yielded = end;
+  // Batches reach the program in the order they were handed out (the loader keeps that order).
+  if (position.counting == Counting::kReceived) position.in_flight.push_back(end);
   return batch;
 }
 
+void DistributedSampler::count_received() {
+  position_->counting = Counting::kReceived;
+  position_->restart_at(position_->yielded);
+}
+
+void DistributedSampler::mark_received() {
+  Position& position = *position_;
+  if (position.in_flight.empty()) {
+    throw std::logic_error("DistributedSampler: a batch reached the program that the sampler never handed out; was "
+                           "the sampler reset (set_epoch, load_state) while a data loader pass was running?");
+  }
+  position.received = position.in_flight.front();
+  position.in_flight.pop_front();
+}
+
 SamplerState DistributedSampler::state() const {
-  return SamplerState{position_->epoch, static_cast<int64_t>(position_->consumed)};
+  return SamplerState{position_->epoch, static_cast<int64_t>(position_->consumed())};
 }
 
 void DistributedSampler::load_state(const SamplerState& state) {
-  set_epoch(state.epoch);
-  if (state.consumed < 0 || static_cast<size_t>(state.consumed) > size()) {
+  std::vector<size_t> indices = indices_of(state.epoch);
+  const size_t samples = indices.size();
+  if (state.consumed < 0 || static_cast<size_t>(state.consumed) > samples) {
     throw std::invalid_argument("DistributedSampler::load_state: consumed " + std::to_string(state.consumed) +
-                                " is outside [0, " + std::to_string(size()) +
+                                " is outside [0, " + std::to_string(samples) +
                                 "] (the samples per epoch of this rank); was the state saved with a "
                                 "different dataset size or world size?");
   }
-  position_->consumed = static_cast<size_t>(state.consumed);
+  position_->start(state.epoch, std::move(indices));
+  position_->restart_at(static_cast<size_t>(state.consumed));
   position_->restored = true;
 }
 
 void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
   archive.write("epoch", torch::tensor(position_->epoch, torch::kInt64), /*is_buffer=*/true);
-  archive.write("consumed", torch::tensor(static_cast<int64_t>(position_->consumed), torch::kInt64), true);
+  archive.write("consumed", torch::tensor(static_cast<int64_t>(position_->consumed()), torch::kInt64), true);
   archive.write("dataset_size", torch::tensor(static_cast<int64_t>(position_->dataset_size), torch::kInt64), true);
 }
 

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ddp/data_loader.h>
 #include <ddp/distributed_sampler.h>
 #include "error_of.h"
 
@@ -218,6 +219,124 @@ TEST(DistributedSampler, WorksWithMakeDataLoaderAndSetEpochReachesIt) {
   for (auto& batch : *loader) for (int64_t index : batch) rest.push_back(static_cast<size_t>(index));
   const Indices epoch1 = ddp::distributed_indices(30, 2, 1, true, 9, 1, false);
   EXPECT_EQ(rest, Indices(epoch1.begin() + 8, epoch1.end()));
+}
+
+// --- resume with loader workers: state() is what the program received ------------------------------
+// One rank of two over 100 samples in batches of 4 (25 batches an epoch), through
+// ddp::make_data_loader with `workers`. A straight run of 2 epochs is the reference; an interrupted
+// run stops after the 5th batch of epoch 1 and saves state(); a fresh sampler and loader resume
+// from it. Together they must yield the straight run's batches, each once, in the same order.
+using Batches = std::vector<Indices>;
+constexpr size_t kSamples = 100, kBatch = 4;
+
+ddp::DistributedSampler rank_sampler(int64_t rank) { return ddp::DistributedSampler(kSamples, options(2, rank).seed(21)); }
+
+std::unique_ptr<ddp::DataLoader<IndexDataset>> loader_for(ddp::DistributedSampler& sampler, size_t workers) {
+  return ddp::make_data_loader(IndexDataset(kSamples), sampler,
+                               torch::data::DataLoaderOptions().batch_size(kBatch).workers(workers));
+}
+
+Indices as_indices(const std::vector<int64_t>& batch) { return Indices(batch.begin(), batch.end()); }
+
+Batches straight_run(int64_t rank, size_t workers) {
+  auto sampler = rank_sampler(rank);
+  auto loader = loader_for(sampler, workers);
+  Batches batches;
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    sampler.set_epoch(epoch);
+    for (auto& batch : *loader) batches.push_back(as_indices(batch));
+  }
+  return batches;
+}
+
+// Epoch 0 whole, then 5 batches of epoch 1; checks state() after every batch against the samples
+// the loop has seen.
+Batches interrupted_run(int64_t rank, size_t workers, ddp::SamplerState* saved) {
+  auto sampler = rank_sampler(rank);
+  auto loader = loader_for(sampler, workers);
+  Batches batches;
+  for (int64_t epoch = 0; epoch < 2; ++epoch) {
+    sampler.set_epoch(epoch);
+    int64_t seen = 0, samples = 0;
+    for (auto& batch : *loader) {
+      batches.push_back(as_indices(batch));
+      ++seen;
+      samples += static_cast<int64_t>(batch.size());
+      EXPECT_EQ(sampler.state(), (ddp::SamplerState{epoch, samples}))
+          << "workers " << workers << ", rank " << rank << ", after batch " << seen << " of epoch " << epoch;
+      if (epoch == 1 && seen == 5) break;
+    }
+  }
+  *saved = sampler.state();
+  return batches;
+}
+
+TEST(DistributedSampler, StateIsWhatTheProgramReceivedWithLoaderWorkers) {
+  for (size_t workers : {0u, 1u, 2u}) {
+    std::vector<int> seen_in_epoch1(kSamples, 0);
+    for (int64_t rank = 0; rank < 2; ++rank) {
+      const Batches straight = straight_run(rank, workers);
+      ASSERT_EQ(straight.size(), 26u);  // 50 samples a rank an epoch: 12 batches of 4 and one of 2
+      ddp::SamplerState saved;
+      Batches resumed = interrupted_run(rank, workers, &saved);
+      EXPECT_EQ(saved, (ddp::SamplerState{1, 20})) << "workers " << workers << ": 5 batches of 4 reached the loop";
+
+      auto sampler = rank_sampler(rank);  // a new process
+      auto loader = loader_for(sampler, workers);
+      sampler.load_state(saved);
+      for (auto& batch : *loader) resumed.push_back(as_indices(batch));  // the rest of epoch 1
+      EXPECT_EQ(resumed, straight) << "workers " << workers << ", rank " << rank;
+      for (size_t b = 13; b < resumed.size(); ++b) for (size_t index : resumed[b]) ++seen_in_epoch1.at(index);
+    }
+    for (size_t i = 0; i < kSamples; ++i) EXPECT_EQ(seen_in_epoch1[i], 1) << "sample " << i << ", workers " << workers;
+  }
+}
+
+// The program's usual loop resumes as it is: set_epoch() of the loaded epoch keeps the loaded
+// position (PyTorch's set_epoch only selects the shuffle; the restart is the loader's). The next
+// set_epoch() restarts, and another epoch right after a mid-epoch load is refused.
+TEST(DistributedSampler, SetEpochOfTheLoadedEpochKeepsTheLoadedPosition) {
+  const Batches straight = straight_run(1, 2);
+  ddp::SamplerState saved;
+  Batches resumed = interrupted_run(1, 2, &saved);
+
+  auto sampler = rank_sampler(1);
+  auto loader = loader_for(sampler, 2);
+  sampler.load_state(saved);  // the whole resume block, with start = saved.epoch
+  for (int64_t epoch = saved.epoch; epoch < 2; ++epoch) {
+    sampler.set_epoch(epoch);
+    for (auto& batch : *loader) resumed.push_back(as_indices(batch));
+  }
+  EXPECT_EQ(resumed, straight);
+  // Once used, the loaded position is gone: set_epoch(1) is a whole epoch 1 again.
+  sampler.set_epoch(1);
+  Batches again;
+  for (auto& batch : *loader) again.push_back(as_indices(batch));
+  EXPECT_EQ(again, Batches(straight.begin() + 13, straight.end()));
+
+  sampler.load_state(saved);
+  EXPECT_EQ(ddp::test::error_of<std::logic_error>([&] { sampler.set_epoch(0); }),
+            "DistributedSampler::set_epoch(0): the sampler was just loaded at epoch 1 with 20 of its 50 samples "
+            "consumed; starting another epoch would drop that position and repeat or skip samples. Start the "
+            "epoch loop at the loaded state's epoch");
+  // A state at an epoch's start or end holds no position to lose: any epoch may follow.
+  sampler.load_state({1, 0});
+  sampler.set_epoch(0);
+  EXPECT_EQ(sampler.state(), (ddp::SamplerState{0, 0}));
+  sampler.load_state({0, 50});
+  sampler.set_epoch(1);
+  EXPECT_EQ(sampler.state(), (ddp::SamplerState{1, 0}));
+}
+
+TEST(DistributedSampler, MakeDataLoaderRefusesUnorderedWorkers) {
+  auto sampler = rank_sampler(0);
+  EXPECT_EQ(ddp::test::error_of<std::invalid_argument>([&] {
+              ddp::make_data_loader(IndexDataset(kSamples), sampler,
+                                    torch::data::DataLoaderOptions().batch_size(4).workers(2).enforce_ordering(false));
+            }),
+            "ddp::make_data_loader: enforce_ordering(false) with workers hands batches out in the order the workers "
+            "finish them, so the sampler's state() could not name the samples the program received; keep "
+            "enforce_ordering(true) (the default)");
 }
 
 // pad(false), for exact sharded evaluation: disjoint shards that together hold every sample exactly

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ddp/per_rank.h>
 #include <ddp/process_group.h>
 
 #include "multiprocess.h"
@@ -99,6 +100,75 @@ DDP_WORKER(missing_rank) {
 
 TEST(ProcessGroup, MissingRankTimesOutNamingIt) {
   EXPECT_WORKERS_OK(ddp::test::run_workers("missing_rank", 2));
+}
+
+// While ranks are missing, the ranks that wait name them on stderr every few seconds (the first
+// time after 5 s), instead of silence until the timeout; ranks that arrive together print nothing.
+DDP_WORKER(arrive_after_delay) {
+  if (const char* delay = std::getenv("DELAY_MS")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoi(delay)));
+  }
+  ddp::test::worker_init(std::chrono::seconds(30));
+  ddp::barrier();
+  ddp::destroy_process_group();
+}
+
+size_t count_of(const std::string& text, const std::string& part) {
+  size_t count = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++count;
+  return count;
+}
+
+TEST(ProcessGroup, WaitingRanksNameTheMissingOnesEveryFewSeconds) {
+  const std::string port = std::to_string(ddp::test::free_port());
+  ddp::test::RunOptions options;
+  options.env = {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}};
+  options.rank_env = {{1, {{"DELAY_MS", "7000"}}}};  // rank 0 waits 7 s: one notice, at 5 s (the next is due at 15 s)
+  const auto results = ddp::test::run_workers("arrive_after_delay", 2, options);
+  EXPECT_WORKERS_OK(results);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_NE(results[0].output.find("[torchddp] rank 0: waiting for ranks [1] at env:// (127.0.0.1:" + port +
+                                   "), 1/2 joined ("),
+            std::string::npos) << results[0].output;
+  EXPECT_NE(results[0].output.find(" s of the 30 s timeout)"), std::string::npos) << results[0].output;
+  EXPECT_EQ(count_of(results[0].output, "waiting for ranks"), 1u) << results[0].output;
+  EXPECT_EQ(count_of(results[1].output, "waiting for ranks"), 0u) << results[1].output;  // it waited for no one
+}
+
+TEST(ProcessGroup, RanksArrivingTogetherPrintNoWaitingNotice) {
+  ddp::test::RunOptions options;
+  options.env = {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(ddp::test::free_port())}};
+  const auto results = ddp::test::run_workers("arrive_after_delay", 3, options);
+  EXPECT_WORKERS_OK(results);
+  for (const auto& result : results) EXPECT_EQ(count_of(result.output, "waiting for ranks"), 0u) << result.output;
+}
+
+// is_main_process(): rank 0 of the default group, and any process without one. manual_seed(s):
+// torch::manual_seed(s + rank), checked against LibTorch's own generator seeded by hand, so that
+// the ranks draw different numbers (dropout, augmentation).
+DDP_WORKER(per_rank_helpers) {
+  require(ddp::is_main_process(), "is_main_process() is false before init_process_group");
+  require(ddp::manual_seed(7) == 7, "manual_seed(7) without a group did not use 7");
+  const auto alone = torch::rand({4});
+  torch::manual_seed(7);
+  require(torch::equal(alone, torch::rand({4})), "manual_seed(7) without a group differs from torch::manual_seed(7)");
+
+  ddp::test::worker_init();
+  const int rank = ddp::get_rank();
+  require(ddp::is_main_process() == (rank == 0), "is_main_process() on rank " + std::to_string(rank));
+  require(ddp::manual_seed(7) == static_cast<uint64_t>(7 + rank), "manual_seed(7) did not return 7 + rank");
+  const auto mine = torch::rand({4});
+  torch::manual_seed(7 + rank);
+  require(torch::equal(mine, torch::rand({4})), "manual_seed(7) on rank " + std::to_string(rank) +
+                                                    " differs from torch::manual_seed(7 + rank)");
+  const auto all = ddp::all_gather(mine);
+  require(!torch::equal(all[0], all[1]), "both ranks drew the same numbers after manual_seed(7)");
+  ddp::destroy_process_group();
+  require(ddp::is_main_process(), "is_main_process() is false after destroy_process_group");
+}
+
+TEST(ProcessGroup, MainProcessIsRankZeroAndManualSeedAddsTheRank) {
+  EXPECT_WORKERS_OK(ddp::test::run_workers("per_rank_helpers", 2));
 }
 
 // A mis-started job fails at the rendezvous on every rank with a message naming the fault, long

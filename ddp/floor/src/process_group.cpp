@@ -116,7 +116,7 @@ std::string describe_ranks(const std::vector<int>& ranks) {
 //   4. the wait, polling: ends when every rank has announced itself, when a refusal from steps 2-3
 //      appears (published under ".../error", so every rank fails with the same message at once),
 //      when the store goes away (its host, rank 0, exited), or at the timeout, naming the ranks
-//      that never came.
+//      that never came. Meanwhile a notice every few seconds names the ranks still missing.
 // The second stage ("connected", after the backend connected) only waits (step 4).
 struct Arrival {
   std::string stage;     // key namespace: "rendezvous" or "connected"
@@ -164,6 +164,12 @@ void check_identity(c10d::Store& store, const Arrival& me, const std::string& wh
   }
 }
 
+// While ranks are missing, a waiting rank says so on stderr: first after kFirstNotice (a job whose
+// ranks start together never sees it), then at doubling intervals up to kMaxNoticeInterval, so that
+// even the 30-minute default timeout prints a bounded number of lines.
+constexpr std::chrono::seconds kFirstNotice{5};
+constexpr std::chrono::seconds kMaxNoticeInterval{60};
+
 void rendezvous(c10d::Store& store, const Arrival& me, std::chrono::milliseconds timeout, const std::string& where) {
   const auto start = std::chrono::steady_clock::now();
   const std::string prefix = "ddp/" + me.stage + "/";
@@ -174,24 +180,39 @@ void rendezvous(c10d::Store& store, const Arrival& me, std::chrono::milliseconds
     text << std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return text.str();
   };
+  const auto missing_ranks = [&] {
+    std::vector<int> missing;
+    for (int r = 0; r < me.world_size; ++r) {
+      if (!store.check({keys[r]})) missing.push_back(r);
+    }
+    return missing;
+  };
   try {
     if (me.check_identity) check_identity(store, me, where);
     store.set(keys[me.rank], bytes_of("1"));
     // 4. Wait, polling with a growing interval (5 ms to 200 ms): cheap for the store, quick to notice.
     auto pause = std::chrono::milliseconds(5);
+    auto notice_interval = std::chrono::duration_cast<std::chrono::milliseconds>(kFirstNotice);
+    auto next_notice = start + notice_interval;
     while (!store.check(keys)) {
       if (store.check({prefix + "error"})) throw std::runtime_error(text_of(store.get(prefix + "error")));
-      if (std::chrono::steady_clock::now() - start >= timeout) {
-        std::vector<int> missing;
-        for (int r = 0; r < me.world_size; ++r) {
-          if (!store.check({keys[r]})) missing.push_back(r);
-        }
+      const auto now = std::chrono::steady_clock::now();
+      if (now - start >= timeout) {
         std::ostringstream message;
         message << "ddp::init_process_group: rank " << me.rank << " waited " << waited() << " s at " << where
-                << " for ranks [" << describe_ranks(missing) << "] of world_size " << me.world_size
+                << " for ranks [" << describe_ranks(missing_ranks()) << "] of world_size " << me.world_size
                 << ", which never joined. Check that every rank was started with the same init_method and "
                    "WORLD_SIZE, and that none of them failed before reaching init_process_group";
         throw std::runtime_error(message.str());
+      }
+      if (now >= next_notice) {
+        const std::vector<int> missing = missing_ranks();
+        std::fprintf(stderr, "[torchddp] rank %d: waiting for ranks [%s] at %s, %d/%d joined (%.0f s of the %.0f s timeout)\n",
+                     me.rank, describe_ranks(missing).c_str(), where.c_str(),
+                     me.world_size - static_cast<int>(missing.size()), me.world_size,
+                     std::chrono::duration<double>(now - start).count(), timeout.count() / 1000.0);
+        notice_interval = std::min(notice_interval * 2, std::chrono::duration_cast<std::chrono::milliseconds>(kMaxNoticeInterval));
+        next_notice = now + notice_interval;
       }
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, std::chrono::milliseconds(200));

@@ -5,18 +5,20 @@
 //
 //   ddp::DistributedSampler sampler(dataset.size().value(),
 //       ddp::DistributedSamplerOptions().num_replicas(W).rank(r).shuffle(true).seed(0));
-//   auto loader = torch::data::make_data_loader(dataset, sampler, batch_size);
-//   for (int64_t epoch = 0; epoch < epochs; ++epoch) {
+//   auto loader = ddp::make_data_loader(dataset, sampler, batch_size);   // <ddp/data_loader.h>
+//   int64_t start = 0;
+//   if (resuming) { sampler.load_state(saved); start = saved.epoch; }  // saved: a SamplerState
+//   for (int64_t epoch = start; epoch < epochs; ++epoch) {
 //     sampler.set_epoch(epoch);            // a new shuffle every epoch, as in Python
-//     for (auto& batch : *loader) { ... }
+//     for (auto& batch : *loader) { ... }  // state() counts the batches that reached this loop
 //   }
 //
-// A DistributedSampler is a handle: copies share one position. make_data_loader keeps its own
-// copy of the sampler, and this sharing is what lets set_epoch() on your handle reach it (Python
-// gets the same effect because its DataLoader holds a reference to the sampler).
+// A DistributedSampler is a handle: copies share one position. A data loader keeps its own copy
+// of the sampler, and this sharing is what lets set_epoch() on your handle reach it (Python gets
+// the same effect because its DataLoader holds a reference to the sampler).
 //
-// Thread-safety: a sampler belongs to one thread (the data loader's; with loader workers, the
-// loader hands indices out from its own thread).
+// Thread-safety: a sampler belongs to one thread, the one that iterates the data loader (with
+// loader workers too: LibTorch's loader asks the sampler for indices from that thread).
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -29,6 +31,9 @@
 #include <ddp/sampler_state.h>
 
 namespace ddp {
+
+template <typename Dataset>
+class DataLoader;  // data_loader.h
 
 struct DistributedSamplerOptions {
   // Number of ranks sharing the dataset; unset: the default process group's world size.
@@ -54,7 +59,12 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   // with nothing to do.
   explicit DistributedSampler(size_t dataset_size, DistributedSamplerOptions options = {});
 
-  // Selects the shuffle of `epoch` and restarts at its beginning.
+  // Selects the shuffle of `epoch` and restarts at its beginning, as PyTorch's set_epoch does for
+  // the next pass. One exception makes a resume block short: right after load_state() (before
+  // any batch was drawn), set_epoch() of the loaded epoch keeps the loaded position, so a program
+  // resumes with its usual loop. set_epoch() of another epoch then, while the loaded position is
+  // mid-epoch, throws std::logic_error: it would silently repeat or skip samples (start the epoch
+  // loop at the loaded state's epoch).
   void set_epoch(int64_t epoch);
   int64_t epoch() const;
   // Samples this rank yields per epoch (the same on every rank, unless pad(false)).
@@ -73,11 +83,16 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   // Up to batch_size of this rank's next indices; nullopt once the epoch is exhausted.
   c10::optional<std::vector<size_t>> next(size_t batch_size) override;
 
-  // Where this rank stands: the epoch and how many indices it yielded (for checkpoints). With
-  // data-loader workers, indices are fetched ahead of training, so save between passes or with
-  // workers = 0 to resume at the exact batch.
+  // Where this rank stands, for checkpoints: the epoch and how many of its indices the program
+  // has received. Under ddp::make_data_loader (data_loader.h) that counts the batches the loop
+  // has been handed, the one it holds included, whatever the loader's workers fetched ahead; so
+  // save after the step on a batch. Under torch::data::make_data_loader it counts what the loader
+  // asked for, which is the same only with workers(0): with workers(k) LibTorch's loader asks for
+  // max_jobs (2k by default) batches ahead, and a resume from that state would skip them.
   SamplerState state() const;
-  // Continues exactly where a sampler with this state stopped (same dataset size and options).
+  // Continues exactly where a sampler with this state stopped (same dataset size and options):
+  // the next pass (a data loader's begin(), or next()) starts at the loaded position, and
+  // set_epoch(state.epoch) keeps it (see set_epoch()).
   void load_state(const SamplerState& state);
 
   void save(torch::serialize::OutputArchive& archive) const override;
@@ -85,6 +100,15 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
 
  private:
   struct Position;  // shared between copies, see above
+  // ddp::make_data_loader's loader tells the sampler which batches reached the program.
+  template <typename Dataset>
+  friend class DataLoader;
+  // From now on state() counts received batches (mark_received), not yielded ones.
+  void count_received();
+  // The oldest batch handed out by next() and not yet received has reached the program.
+  void mark_received();
+  // This rank's indices in `epoch`.
+  std::vector<size_t> indices_of(int64_t epoch) const;
   DistributedSamplerOptions options_;
   int64_t num_replicas_ = 1;
   int64_t rank_ = 0;
