@@ -5,7 +5,7 @@
 #      shared-memory object (a file in /dev/shm, what shm_open makes) and a System V segment made
 #      on host 1 are absent on host 2 and on the machine
 #   2. the ranks form one world over the link: all_reduce over the world is right, DDP's gradients
-#      equal one process's on the whole batch
+#      equal one process's on the whole batch, and each host's shaped link carried traffic
 #   3. what the library chooses: the world (ranks on two hosts) reports "gloo" - shared memory
 #      serves only groups whose ranks all share one host, so the whole world goes over TCP - while
 #      a group of one host's ranks reports "gloo+shm"
@@ -96,4 +96,12 @@ for rank in 0 1 2 3; do
     fail "rank $rank's host group does not report transport gloo+shm"
 done
 echo "one world of 4 ranks on simhost1 and simhost2: world all_reduce 10, DDP gradients match one process's"
+# The world's traffic crossed the shaped links (not some loopback): each host's tbf sent bytes.
+for host in 1 2; do
+  qdisc=$(on_host "$host" tc -s qdisc show dev eth0)
+  sent=$(grep -o 'Sent [0-9]*' <<<"$qdisc" | head -1 | cut -d' ' -f2)
+  [[ $qdisc == *"tbf"*"rate 10Gbit"* && ${sent:-0} -gt 0 ]] ||
+    fail "host $host's link is not shaped or carried nothing: $qdisc"
+  echo "host $host's link (tbf 10Gbit) sent $sent bytes"
+done
 echo "transports: the world group (2 hosts) gloo; each host's group of 2 ranks gloo+shm"
