@@ -361,41 +361,15 @@ std::int64_t wrap(const Format& format, std::uint64_t x) {
   }
 }
 
-// Allreduces one test tensor of `count` elements on this rank and checks it against the
-// reference over all ranks' inputs. Returns "" or what went wrong; appends the result's hash.
-// With `scattered`, the tensor is handed over as pieces in separate allocations, cut differently
-// on every rank (sizes 0 to 2 chunks), and the result is the sum times `scale`.
-std::string check_allreduce(shm::Communicator& comm, const Format& format, shm::Op op, std::size_t count, std::uint64_t seed,
-                            std::string& hashes, bool scattered = false, double scale = 1.0) {
-  const int world = comm.size();
-  const std::size_t element = shm::dtype_size(format.dtype);
-  std::vector<unsigned char> mine(std::max<std::size_t>(1, count * element)), scratch(mine.size());
-  for (std::size_t i = 0; i < count; ++i) make_element(format, op, seed, comm.rank(), i, mine.data());
-  if (!scattered) {
-    comm.allreduce(mine.data(), count, format.dtype, op);
-  } else {
-    std::mt19937_64 cuts(seed * 131 + static_cast<std::uint64_t>(comm.rank()));
-    const std::size_t chunk = comm.options().chunk_bytes / element;
-    std::vector<std::vector<unsigned char>> pieces;
-    std::vector<shm::Span> spans;
-    for (std::size_t done = 0; done < count || pieces.empty();) {
-      const std::size_t n = std::min<std::size_t>(count - done, cuts() % 3 == 0 ? 0 : cuts() % (2 * chunk + 1));
-      pieces.emplace_back(mine.begin() + done * element, mine.begin() + (done + n) * element);
-      pieces.back().reserve(1);  // a real allocation even for an empty piece
-      spans.push_back({pieces.back().data(), n});
-      done += n;
-    }
-    comm.allreduce(spans, format.dtype, op, scale);
-    std::size_t done = 0;
-    for (const auto& piece : pieces) {
-      std::copy(piece.begin(), piece.end(), mine.begin() + done * element);
-      done += piece.size() / element;
-    }
-  }
-
+// Elements [first, last) of `got_data`, the result of reducing the test tensor made with `seed` over
+// `world` ranks with `op` (times `scale`), against the reference computed here in double (integers
+// in 64 bits), in rank order. Returns "" or the first three elements that differ.
+std::string compare_with_reference(const Format& format, shm::Op op, std::uint64_t seed, int world, double scale,
+                                   const void* got_data, std::size_t first, std::size_t last) {
+  std::vector<unsigned char> scratch(std::max<std::size_t>(1, last) * shm::dtype_size(format.dtype));
   std::ostringstream errors;
   int shown = 0;
-  for (std::size_t i = 0; i < count && shown < 3; ++i) {
+  for (std::size_t i = first; i < last && shown < 3; ++i) {
     if (format.floating) {
       double reference = 0, magnitude = 0;
       for (int r = 0; r < world; ++r) {
@@ -420,7 +394,7 @@ std::string check_allreduce(shm::Communicator& comm, const Format& format, shm::
       reference *= scale;  // one more rounding in the accumulation type, covered by the (world + 1) below
       magnitude *= scale;
       if (op == shm::Op::kProduct) magnitude = std::fabs(reference);
-      const double got = stored_value(format, mine.data(), i);
+      const double got = stored_value(format, got_data, i);
       // MAX and MIN pick an input exactly. Otherwise: one rounding to the stored format (half a unit
       // in the last place), plus the roundings of accumulating world values (and dividing) in the
       // accumulation type.
@@ -449,17 +423,53 @@ std::string check_allreduce(shm::Communicator& comm, const Format& format, shm::
         }
       }
       const std::int64_t reference = (op == shm::Op::kMax || op == shm::Op::kMin) ? extreme : wrap(format, acc);
-      const std::int64_t got = stored_integer(format, mine.data(), i);
+      const std::int64_t got = stored_integer(format, got_data, i);
       if (got != reference) {
         errors << "  element " << i << ": got " << got << ", reference " << reference << "\n";
         ++shown;
       }
     }
   }
+  return errors.str();
+}
+
+// Allreduces one test tensor of `count` elements on this rank and checks it against the
+// reference over all ranks' inputs. Returns "" or what went wrong; appends the result's hash.
+// With `scattered`, the tensor is handed over as pieces in separate allocations, cut differently
+// on every rank (sizes 0 to 2 chunks), and the result is the sum times `scale`.
+std::string check_allreduce(shm::Communicator& comm, const Format& format, shm::Op op, std::size_t count, std::uint64_t seed,
+                            std::string& hashes, bool scattered = false, double scale = 1.0) {
+  const int world = comm.size();
+  const std::size_t element = shm::dtype_size(format.dtype);
+  std::vector<unsigned char> mine(std::max<std::size_t>(1, count * element));
+  for (std::size_t i = 0; i < count; ++i) make_element(format, op, seed, comm.rank(), i, mine.data());
+  if (!scattered) {
+    comm.allreduce(mine.data(), count, format.dtype, op);
+  } else {
+    std::mt19937_64 cuts(seed * 131 + static_cast<std::uint64_t>(comm.rank()));
+    const std::size_t chunk = comm.options().chunk_bytes / element;
+    std::vector<std::vector<unsigned char>> pieces;
+    std::vector<shm::Span> spans;
+    for (std::size_t done = 0; done < count || pieces.empty();) {
+      const std::size_t n = std::min<std::size_t>(count - done, cuts() % 3 == 0 ? 0 : cuts() % (2 * chunk + 1));
+      pieces.emplace_back(mine.begin() + done * element, mine.begin() + (done + n) * element);
+      pieces.back().reserve(1);  // a real allocation even for an empty piece
+      spans.push_back({pieces.back().data(), n});
+      done += n;
+    }
+    comm.allreduce(spans, format.dtype, op, scale);
+    std::size_t done = 0;
+    for (const auto& piece : pieces) {
+      std::copy(piece.begin(), piece.end(), mine.begin() + done * element);
+      done += piece.size() / element;
+    }
+  }
+
+  const std::string errors = compare_with_reference(format, op, seed, world, scale, mine.data(), 0, count);
   const std::string what = std::string(shm::dtype_name(format.dtype)) + " " + shm::op_name(op) + " x " + std::to_string(count) +
                            (scattered ? " in pieces, scaled by " + std::to_string(scale) : "");
   hashes += "HASH " + what + " " + std::to_string(fnv1a(mine.data(), count * element)) + "\n";
-  return errors.str().empty() ? "" : what + " at " + std::to_string(world) + " ranks:\n" + errors.str();
+  return errors.empty() ? "" : what + " at " + std::to_string(world) + " ranks:\n" + errors;
 }
 
 // Splits a report into its lines starting with `tag`.
@@ -639,37 +649,39 @@ TEST(ShmSegment, ErrorsNameTheObjectAndTheReason) {
 
 // ---- Collectives across processes ------------------------------------------------------------------
 
-std::string numerics_body(int rank, int world, const Scratch& scratch) {
-  FileRendezvous rendezvous(scratch.folder);
-  const shm::Options options = test_options();
-  shm::Communicator comm(rendezvous, scratch.prefix, rank, world, options);
-  std::string errors, hashes;
-  std::uint64_t seed = 1;
-  for (const Format& format : kFormats) {
-    const std::size_t element = shm::dtype_size(format.dtype);
-    const std::size_t chunk = options.chunk_bytes / element, one_step = options.one_step_bytes / element;
-    std::vector<std::size_t> sizes = {0, 1, static_cast<std::size_t>(world - 1), one_step - 1, one_step, one_step + 1, chunk - 1, chunk, chunk + 1,
-                                      2 * chunk + static_cast<std::size_t>(world), 1000003};
-    std::sort(sizes.begin(), sizes.end());
-    sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
-    for (const shm::Op op : kOps) {
-      if (!shm::supported(format.dtype, op)) continue;
-      for (const std::size_t count : sizes) errors += check_allreduce(comm, format, op, count, seed++, hashes);
-    }
-    // DDP's way: a bucket's gradients where they lie, summed and scaled by 1/world in one pass.
-    if (format.floating) {
-      for (const std::size_t count : sizes) {
-        errors += check_allreduce(comm, format, shm::Op::kSum, count, seed++, hashes, true, 1.0 / world);
+// One collective's check of one test tensor: check_allreduce or check_reduce_scatter.
+using NumericsCheck = std::function<std::string(shm::Communicator& comm, const Format& format, shm::Op op, std::size_t count,
+                                                std::uint64_t seed, double scale, std::string& hashes)>;
+
+// Every format and reduction at sizes around one step, 64 bytes per rank and chunks; the floating
+// sums also scaled by 1/world (DDP's average). The reports carry the results' hashes, so the parent
+// checks that every rank got the same bits.
+void run_numerics(int world, const NumericsCheck& check) {
+  Scratch scratch;
+  const auto outcomes = run_ranks(world, scratch, [&](int rank) {
+    FileRendezvous rendezvous(scratch.folder);
+    const shm::Options options = test_options();
+    shm::Communicator comm(rendezvous, scratch.prefix, rank, world, options);
+    std::string errors, hashes;
+    std::uint64_t seed = 1;
+    for (const Format& format : kFormats) {
+      const std::size_t element = shm::dtype_size(format.dtype), w = static_cast<std::size_t>(world);
+      const std::size_t chunk = options.chunk_bytes / element, one_step = options.one_step_bytes / element;
+      const std::size_t parts_of_64 = w * (64 / element);  // every rank's part 64 bytes (reduce_scatter)
+      std::vector<std::size_t> sizes = {0, 1, w - 1, one_step - 1, one_step, one_step + 1, parts_of_64 - 1, parts_of_64,
+                                        parts_of_64 + 1, chunk - 1, chunk, chunk + 1, 2 * chunk + w, 1000003};
+      std::sort(sizes.begin(), sizes.end());
+      sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+      for (const shm::Op op : kOps) {
+        if (!shm::supported(format.dtype, op)) continue;
+        for (const std::size_t count : sizes) errors += check(comm, format, op, count, seed++, 1.0, hashes);
+      }
+      if (format.floating) {
+        for (const std::size_t count : sizes) errors += check(comm, format, shm::Op::kSum, count, seed++, 1.0 / world, hashes);
       }
     }
-  }
-  // The reports carry the hashes, so the parent can check that every rank got the same bits.
-  return errors + (errors.empty() ? "" : "\n") + hashes;
-}
-
-void run_numerics(int world) {
-  Scratch scratch;
-  const auto outcomes = run_ranks(world, scratch, [&](int rank) { return numerics_body(rank, world, scratch); });
+    return errors + (errors.empty() ? "" : "\n") + hashes;
+  });
   for (int rank = 0; rank < world; ++rank) {
     ASSERT_TRUE(outcomes[rank].finished) << "rank " << rank << ": " << outcomes[rank].exit << "\n" << outcomes[rank].report;
     const auto& report = outcomes[rank].report;
@@ -680,9 +692,67 @@ void run_numerics(int world) {
   EXPECT_TRUE(leftovers(scratch.prefix).empty());
 }
 
-TEST(ShmCommunicator, AllreduceMatchesTheReferenceAtTwoRanks) { run_numerics(2); }
-TEST(ShmCommunicator, AllreduceMatchesTheReferenceAtThreeRanks) { run_numerics(3); }
-TEST(ShmCommunicator, AllreduceMatchesTheReferenceAtFourRanks) { run_numerics(4); }
+// allreduce: whole tensors; scaled, as DDP hands a bucket over: in pieces where the gradients lie.
+void run_allreduce_numerics(int world) {
+  run_numerics(world, [](shm::Communicator& comm, const Format& format, shm::Op op, std::size_t count, std::uint64_t seed,
+                         double scale, std::string& hashes) {
+    return check_allreduce(comm, format, op, count, seed, hashes, scale != 1.0, scale);
+  });
+}
+
+TEST(ShmCommunicator, AllreduceMatchesTheReferenceAtTwoRanks) { run_allreduce_numerics(2); }
+TEST(ShmCommunicator, AllreduceMatchesTheReferenceAtThreeRanks) { run_allreduce_numerics(3); }
+TEST(ShmCommunicator, AllreduceMatchesTheReferenceAtFourRanks) { run_allreduce_numerics(4); }
+
+// reduce_scatter, then allgather_parts, of one test tensor of `count` elements. The parts tile the
+// tensor at 64-byte boundaries; after reduce_scatter this rank's part matches the reference and the
+// rest is its input, untouched; after allgather_parts the whole tensor matches the reference, with
+// the same bits as allreduce gives. Returns "" or what went wrong; appends the result's hash.
+std::string check_reduce_scatter(shm::Communicator& comm, const Format& format, shm::Op op, std::size_t count,
+                                 std::uint64_t seed, double scale, std::string& hashes) {
+  const int world = comm.size(), rank = comm.rank();
+  const std::size_t element = shm::dtype_size(format.dtype);
+  const std::string what = std::string(shm::dtype_name(format.dtype)) + " " + shm::op_name(op) + " x " + std::to_string(count) +
+                           (scale != 1.0 ? " scaled by " + std::to_string(scale) : "");
+  std::ostringstream errors;
+  std::size_t expected_first = 0;
+  for (int r = 0; r < world; ++r) {
+    const auto [first, last] = comm.part(r, count, format.dtype);
+    if (first != expected_first || last < first || (first * element) % 64 != 0 || (last - first) * element > count * element / world + 128) {
+      errors << "  rank " << r << "'s part [" << first << ", " << last << ") does not follow on " << expected_first
+             << ", does not start at a multiple of 64 bytes or holds more than 1/" << world << " of the tensor plus 128 bytes\n";
+    }
+    expected_first = last;
+  }
+  if (expected_first != count) errors << "  the parts end at " << expected_first << ", not at " << count << "\n";
+
+  std::vector<unsigned char> input(std::max<std::size_t>(1, count * element));
+  for (std::size_t i = 0; i < count; ++i) make_element(format, op, seed, rank, i, input.data());
+  std::vector<unsigned char> data = input, allreduced = input;
+  comm.reduce_scatter(data.data(), count, format.dtype, op, scale);
+  const auto [first, last] = comm.part(rank, count, format.dtype);
+  const std::string mine = compare_with_reference(format, op, seed, world, scale, data.data(), first, last);
+  if (!mine.empty()) errors << "  after reduce_scatter, in this rank's part:\n" << mine;
+  if (!std::equal(data.begin(), data.begin() + first * element, input.begin()) ||
+      !std::equal(data.begin() + last * element, data.begin() + count * element, input.begin() + last * element)) {
+    errors << "  reduce_scatter wrote outside this rank's part [" << first << ", " << last << ")\n";
+  }
+  comm.allgather_parts(data.data(), count, format.dtype);
+  const std::string whole = compare_with_reference(format, op, seed, world, scale, data.data(), 0, count);
+  if (!whole.empty()) errors << "  after allgather_parts:\n" << whole;
+  comm.allreduce(std::vector<shm::Span>{{allreduced.data(), count}}, format.dtype, op, scale);
+  if (!std::equal(data.begin(), data.begin() + count * element, allreduced.begin())) {
+    errors << "  reduce_scatter + allgather_parts differ from allreduce's bits\n";
+  }
+  hashes += "HASH " + what + " " + std::to_string(fnv1a(data.data(), count * element)) + "\n";
+  return errors.str().empty() ? "" : what + " at " + std::to_string(world) + " ranks:\n" + errors.str();
+}
+
+void run_reduce_scatter_numerics(int world) { run_numerics(world, check_reduce_scatter); }
+
+TEST(ShmCommunicator, ReduceScatterAndAllgatherPartsMatchTheReferenceAtTwoRanks) { run_reduce_scatter_numerics(2); }
+TEST(ShmCommunicator, ReduceScatterAndAllgatherPartsMatchTheReferenceAtThreeRanks) { run_reduce_scatter_numerics(3); }
+TEST(ShmCommunicator, ReduceScatterAndAllgatherPartsMatchTheReferenceAtFourRanks) { run_reduce_scatter_numerics(4); }
 
 TEST(ShmCommunicator, BroadcastFromEveryRootAllgatherAndBarrier) {
   constexpr int kWorld = 3;
@@ -847,6 +917,20 @@ TEST(ShmCommunicator, MismatchedCollectivesThrowOnEveryRank) {
          comm.allreduce({{data.data(), 4}, {data.data() + 4, 6}}, shm::DType::kFloat32, shm::Op::kSum, rank == 0 ? 0.5 : 1.0);
        },
        "allreduce #1 (10 x float32, SUM x 0.5)", "allreduce #1 (10 x float32, SUM)"},
+      {"halves",  // a hierarchical allreduce's first half against a flat one
+       [](shm::Communicator& comm, int rank) {
+         std::vector<double> data(1000, 1.0);
+         if (rank == 0) comm.reduce_scatter(data.data(), data.size(), shm::DType::kFloat64, shm::Op::kSum, 0.25);
+         else comm.allreduce(data.data(), data.size(), shm::DType::kFloat64, shm::Op::kSum);
+       },
+       "reduce_scatter #1 (1000 x float64, SUM x 0.25)", "allreduce #1 (1000 x float64, SUM)"},
+      {"second half",  // one rank skipped the reduce-scatter
+       [](shm::Communicator& comm, int rank) {
+         std::vector<float> data(1000, 1.0f);
+         if (rank == 0) comm.reduce_scatter(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kAvg);
+         else comm.allgather_parts(data.data(), data.size(), shm::DType::kFloat32);
+       },
+       "reduce_scatter #1 (1000 x float32, AVG)", "allgather_parts #1 (1000 x float32)"},
   };
   for (const Case& c : cases) {
     Scratch scratch;
@@ -1160,8 +1244,16 @@ TEST(ShmCommunicator, OnlyAFloatingSumIsScaled) {
             "shm::Communicator::allreduce: MAX of float32 cannot be scaled");
   EXPECT_EQ(refusal([&] { comm.allreduce({{ints.data(), 2}}, shm::DType::kInt32, shm::Op::kSum, 0.5); }),
             "shm::Communicator::allreduce: SUM of int32 cannot be scaled");
+  EXPECT_EQ(refusal([&] { comm.reduce_scatter(ints.data(), 2, shm::DType::kInt32, shm::Op::kAvg); }),
+            "shm::Communicator::reduce_scatter: AVG of int32 is not supported");
+  EXPECT_EQ(refusal([&] { comm.reduce_scatter(floats.data(), 2, shm::DType::kFloat32, shm::Op::kMin, 2.0); }),
+            "shm::Communicator::reduce_scatter: MIN of float32 cannot be scaled");
   comm.allreduce({{floats.data(), 1}, {floats.data() + 1, 1}}, shm::DType::kFloat32, shm::Op::kSum, 0.5);
   EXPECT_EQ(floats, (std::vector<float>{0.75f, -1.0f}));
+  comm.reduce_scatter(floats.data(), 2, shm::DType::kFloat32, shm::Op::kSum, 2.0);  // a group of one: scaled in place
+  EXPECT_EQ(floats, (std::vector<float>{1.5f, -2.0f}));
+  comm.allgather_parts(floats.data(), 2, shm::DType::kFloat32);
+  EXPECT_EQ(floats, (std::vector<float>{1.5f, -2.0f}));
   EXPECT_TRUE(leftovers(scratch.prefix).empty());
 }
 

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Two simulated hosts (sim_hosts.sh, links shaped to 10 Gbit/s) and one torchddp job of 2 hosts x
+# 2 ranks across them:
+#   1. the hosts are separate where torchddp looks: each rank's hostname is its host's; a POSIX
+#      shared-memory object (a file in /dev/shm, what shm_open makes) and a System V segment made
+#      on host 1 are absent on host 2 and on the machine
+#   2. the ranks form one world over the link: all_reduce over the world is right, DDP's gradients
+#      equal one process's on the whole batch, and each host's shaped link carried traffic
+#   3. what the library chooses: the world (ranks on two hosts) reports "gloo" - shared memory
+#      serves only groups whose ranks all share one host, so the whole world goes over TCP - while
+#      a group of one host's ranks reports "gloo+shm"
+# Usage: two_hosts_test.sh HOST_RANK. Exit 0: pass; 1: fail (the reason and the output);
+# 77: skipped (no root or no namespaces here).
+set -u -o pipefail
+program=$1
+
+out=""
+fail() {
+  echo "FAIL: $1"
+  [[ -n $out ]] && printf -- '--- output ---\n%s\n' "$out"
+  exit 1
+}
+skip() {
+  echo "SKIP: $1"
+  exit 77
+}
+
+source "$(dirname "$0")/sim_hosts.sh"
+trap sim_hosts_down EXIT
+sim_hosts_up 2 10gbit
+
+# 1. Separate hosts.
+for i in 1 2; do
+  name=$(on_host "$i" hostname)
+  [[ $name == "simhost$i" ]] || fail "host $i is named '$name', not simhost$i"
+done
+[[ $(hostname) != simhost* ]] || fail "the machine's own hostname changed to $(hostname)"
+probe=/dev/shm/torchddp-sim-hosts-probe-$$ key=
+# The probes go with host 1's namespaces; this removes them too where a broken rig shared them.
+remove_probes() {
+  on_host 1 rm -f "$probe" 2>/dev/null
+  [[ -n $key ]] && on_host 1 ipcrm -M "$key" 2>/dev/null
+  sim_hosts_down
+}
+trap remove_probes EXIT
+on_host 1 sh -c "echo made on host 1 >$probe" || fail "could not make $probe on host 1"
+on_host 1 test -e "$probe" || fail "$probe is not on host 1, where it was made"
+on_host 2 test ! -e "$probe" || fail "$probe, made on host 1, is visible on host 2: /dev/shm is shared"
+[[ ! -e $probe ]] || fail "$probe, made on host 1, is visible in the machine's /dev/shm"
+# A System V segment, found by its key (ipcs -i exits 0 even for an id it does not find).
+sysv=$(on_host 1 ipcmk -M 4096 | grep -o '[0-9]*$') || fail "ipcmk -M failed on host 1"
+key=$(on_host 1 ipcs -m | awk -v id="$sysv" '$2 == id { print $1 }')
+[[ -n $key ]] || fail "System V segment $sysv is not on host 1, where it was made"
+! on_host 2 ipcs -m | grep -q "^$key " || fail "System V segment $key of host 1 is visible on host 2"
+! ipcs -m | grep -q "^$key " || fail "System V segment $key of host 1 is visible on the machine"
+echo "separate: hostnames simhost1/simhost2; $probe and System V segment $key of host 1 are not on host 2 nor the machine"
+
+# 2. One job, 2 hosts x 2 ranks, rendezvous on host 1 over the link.
+master=$(sim_host_addr 1) port=$((29000 + $$ % 1000))
+logs=$SIM_HOSTS_DIR/logs
+mkdir -p "$logs"
+pids=()
+for host in 1 2; do
+  for local_rank in 0 1; do
+    rank=$(((host - 1) * 2 + local_rank))
+    on_host "$host" env RANK=$rank WORLD_SIZE=4 LOCAL_RANK=$local_rank LOCAL_WORLD_SIZE=2 GROUP_RANK=$((host - 1)) \
+      MASTER_ADDR="$master" MASTER_PORT=$port HOST_GROUP_INIT="tcp://$(sim_host_addr "$host"):$((port + 1))" \
+      "$program" >"$logs/rank_$rank.txt" 2>&1 &
+    pids+=($!)
+  done
+done
+codes=()
+for _ in $(seq 600); do  # bounded: 120 s (the ranks' own collectives time out after 60 s)
+  running=0
+  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && running=1; done
+  ((running)) || break
+  sleep 0.2
+done
+for pid in "${pids[@]}"; do
+  if kill -0 "$pid" 2>/dev/null; then codes+=(timeout); else wait "$pid"; codes+=($?); fi
+done
+out=$(cat "$logs"/rank_*.txt)
+[[ ${codes[*]} == "0 0 0 0" ]] || fail "the ranks' exit codes are ${codes[*]} (0 0 0 0 expected)"
+
+for rank in 0 1 2 3; do
+  host=$((rank / 2 + 1))
+  log=$(cat "$logs/rank_$rank.txt")
+  grep -q "^rank=$rank host=simhost$host " <<<"$log" || fail "rank $rank does not report host simhost$host"
+  grep -q "^rank=$rank world_sum=10$" <<<"$log" || fail "rank $rank's world all_reduce is not 1+2+3+4 = 10"
+  grep -q "^rank=$rank .*host_sum=3$" <<<"$log" || fail "rank $rank's host-group all_reduce is not 1+2 = 3"
+  grep -q "^rank=$rank ddp_grads=match$" <<<"$log" || fail "rank $rank's DDP gradients differ from one process's"
+  # 3. What the library chose for each group.
+  grep -q "^rank=$rank .*world_transport=gloo$" <<<"$log" ||
+    fail "rank $rank's world group does not report transport gloo"
+  grep -q "^rank=$rank host_transport=gloo+shm " <<<"$log" ||
+    fail "rank $rank's host group does not report transport gloo+shm"
+done
+echo "one world of 4 ranks on simhost1 and simhost2: world all_reduce 10, DDP gradients match one process's"
+# The world's traffic crossed the shaped links (not some loopback): each host's tbf sent bytes.
+for host in 1 2; do
+  qdisc=$(on_host "$host" tc -s qdisc show dev eth0)
+  sent=$(grep -o 'Sent [0-9]*' <<<"$qdisc" | head -1 | cut -d' ' -f2)
+  [[ $qdisc == *"tbf"*"rate 10Gbit"* && ${sent:-0} -gt 0 ]] ||
+    fail "host $host's link is not shaped or carried nothing: $qdisc"
+  echo "host $host's link (tbf 10Gbit) sent $sent bytes"
+done
+echo "transports: the world group (2 hosts) gloo; each host's group of 2 ranks gloo+shm"
