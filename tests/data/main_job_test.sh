@@ -12,7 +12,8 @@
 #                                           sbatch script
 #   main_job_test.sh progress TRAIN         a progress bar on a terminal (util-linux `script`),
 #                                           plain lines when piped
-#   main_job_test.sh resume TRAIN           --checkpoint-dir: a second run resumes after epoch 1
+#   main_job_test.sh resume TRAIN           --checkpoint-dir: a first run in an empty directory says it
+#                                           starts from scratch, a second run resumes after epoch 1
 #   main_job_test.sh frozen DDPRUN TRAIN    a rank frozen by SIGSTOP ends the job within --timeout
 #   main_job_test.sh frozen_store_host DDPRUN TRAIN
 #                                           the same for rank 0, which hosts the store
@@ -224,6 +225,7 @@ case $mode in
     # Both starts are one run (--run-id): a checkpoint of another run is not resumed (identity).
     out=$("$train" --epochs 1 "${small[@]}" --checkpoint-dir "$dir" --run-id resume-test 2>&1) || fail "first run: exit code $?"
     grep -q "resumed" <<<"$out" && fail "the first run resumed from an empty directory"
+    grep -qx "no checkpoint in $dir yet: starting from scratch" <<<"$out" || fail "no notice of a fresh start in an empty directory"
     [ -f "$dir/checkpoint-00000001.pt" ] || fail "no checkpoint-00000001.pt after epoch 1: $(ls "$dir")"
     out=$("$train" --epochs 2 "${small[@]}" --checkpoint-dir "$dir" --run-id resume-test 2>&1) || fail "second run: exit code $?"
     grep -qx "resumed from $dir/checkpoint-00000001.pt at epoch 2" <<<"$out" || fail "no 'resumed from ... at epoch 2'"
