@@ -7,7 +7,9 @@
 #include <torch/torch.h>
 
 #include <ddp/checkpoint.h>
+#include <ddp/comm_hooks.h>
 #include <ddp/distributed_data_parallel.h>
+#include <ddp/powersgd.h>
 
 #include "error_of.h"
 #include "models.h"
@@ -272,6 +274,36 @@ DDP_WORKER(named_ddp_save_load) {
 
 TEST(NamedRanks, Rank0SavesNamedModelsEveryRankLoadsThem) {
   EXPECT_WORKERS_OK(ddp::test::run_workers("named_ddp_save_load", 2));
+}
+
+// A named DDP wrapper brings its comm hook's state along ("<name>/comm_hook"), each its own.
+DDP_WORKER(named_wrappers_keep_their_hook_states) {
+  auto pg = ddp::test::worker_init();
+  auto make = [&](uint64_t seed) {
+    torch::manual_seed(seed);
+    auto model = std::make_unique<ddp::DistributedDataParallel<ckpt_test::ToyModelImpl>>(
+        std::make_shared<ckpt_test::ToyModelImpl>(), pg);
+    model->register_comm_hook(ddp::hooks::powersgd(
+        ddp::hooks::PowerSGDOptions().matrix_approximation_rank(1).start_powerSGD_iter(2)));
+    return model;
+  };
+  auto iteration = [](const auto& model) {
+    return dynamic_cast<const ddp::hooks::PowerSGDState&>(*model->comm_hook_state()).iteration();
+  };
+  auto first = make(1), second = make(2);
+  for (int step = 0; step < 3; ++step) first->forward(torch::ones({2, 10})).sum().backward();  // 3 iterations
+  second->forward(torch::ones({2, 10})).sum().backward();                                        // 1 iteration
+  const std::string path = ddp::test::shared_dir() + "/hooks.pt";
+  ddp::save_checkpoint(path, {{"first", *first}, {"second", *second}}, {});
+  auto first_again = make(3), second_again = make(4);
+  ddp::load_checkpoint(path, {{"second", *second_again}, {"first", *first_again}});
+  require(iteration(first_again) == 3 && iteration(second_again) == 1,
+          "hook iterations after loading: " + std::to_string(iteration(first_again)) + " and " +
+              std::to_string(iteration(second_again)) + ", saved 3 and 1");
+}
+
+TEST(NamedRanks, NamedWrappersKeepTheirCommHookStates) {
+  EXPECT_WORKERS_OK(ddp::test::run_workers("named_wrappers_keep_their_hook_states", 2));
 }
 
 // Rank 0 decides: here only rank 1's path holds a checkpoint, and neither rank loads.
