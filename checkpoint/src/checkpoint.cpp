@@ -167,7 +167,7 @@ template <typename ModuleType, typename OptimizerType>
 struct Contents {
   Layout layout = Layout::kOneModel;
   std::vector<std::pair<std::string, ModuleType*>> models;        // kOneModel: one, named ""
-  std::vector<std::pair<std::string, OptimizerType*>> optimizers;  // kOneModel: none or one, named ""
+  std::vector<std::pair<std::string, OptimizerType*>> optimizers;  // never null; kOneModel: none or one, named ""
 };
 using SavedContents = Contents<const torch::nn::Module, const torch::optim::Optimizer>;
 using LoadedContents = Contents<torch::nn::Module, torch::optim::Optimizer>;
@@ -318,7 +318,6 @@ void write_checkpoint_file(const std::string& path, const SavedContents& content
   std::vector<std::pair<std::string, std::string>> records = {
       {kTrainingRecord, training_record(state, world_size, contents, rng, state_names, states)}};
   for (size_t i = 0; i < contents.optimizers.size(); ++i) {
-    if (contents.optimizers[i].second == nullptr) continue;  // the single-model call without an optimizer
     torch::serialize::OutputArchive archive;
     contents.optimizers[i].second->save(archive);
     records.emplace_back(optimizer_record(contents.layout, i), bytes_of(archive));
@@ -474,7 +473,6 @@ void load_contents(const std::vector<char>& zip, const std::string& path, const 
     }
   }
   for (const auto& [name, optimizer] : contents.optimizers) {
-    if (optimizer == nullptr) continue;  // the single-model call without an optimizer
     auto found = std::find_if(saved.optimizers.begin(), saved.optimizers.end(),
                               [&](const SavedOptimizer& entry) { return entry.name == name; });
     if (found == saved.optimizers.end()) {
