@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
+#include <exception>
+#include <functional>
 #include <filesystem>
 #include <regex>
 #include <typeinfo>
@@ -155,7 +158,20 @@ void restore_rng_state(const at::Tensor& cpu_state, const at::Tensor& cuda_state
   }
 }
 
-// --- the records ------------------------------------------------------------------------------------
+// --- what a file holds: one unnamed model, or named models and optimizers ------------------------------
+// kOneModel: the root object is the model's state_dict, its optimizer (if any) in kOptimizerRecord.
+// kNamed: the root is {name: state_dict}; the optimizers in "<kOptimizerRecord>_<i>", listed by name.
+enum class Layout { kOneModel, kNamed };
+
+template <typename ModuleType, typename OptimizerType>
+struct Contents {
+  Layout layout = Layout::kOneModel;
+  std::vector<std::pair<std::string, ModuleType*>> models;        // kOneModel: one, named ""
+  std::vector<std::pair<std::string, OptimizerType*>> optimizers;  // never null; kOneModel: none or one, named ""
+};
+using SavedContents = Contents<const torch::nn::Module, const torch::optim::Optimizer>;
+using LoadedContents = Contents<torch::nn::Module, torch::optim::Optimizer>;
+
 std::string optimizer_type(const torch::optim::Optimizer& optimizer) {
   return c10::demangle(typeid(optimizer).name());
 }
@@ -167,13 +183,68 @@ std::string optimizer_device(const torch::optim::Optimizer& optimizer) {
   return "cpu";
 }
 
+std::string optimizer_record(Layout layout, size_t index) {
+  return layout == Layout::kOneModel ? kOptimizerRecord : kOptimizerRecord + std::string("_") + std::to_string(index);
+}
+
+std::string joined_names(const std::vector<std::string>& names) {
+  std::string text;
+  for (const auto& name : names) text += (text.empty() ? "" : ", ") + name;
+  return text.empty() ? "none" : text;
+}
+
+// A Python dict has one value per key: so does a checkpoint, across models, optimizers and states.
+void check_names(const std::vector<std::string>& names, const std::string& call) {
+  std::vector<std::string> seen;
+  for (const auto& name : names) {
+    if (name.empty()) {
+      throw std::invalid_argument(call + ": an entry has an empty name; give every model, optimizer and state a name");
+    }
+    if (std::find(seen.begin(), seen.end(), name) != seen.end()) {
+      throw std::invalid_argument(call + ": the name \"" + name + "\" is used twice; every model, optimizer and state "
+                                  "in one checkpoint needs its own name");
+    }
+    seen.push_back(name);
+  }
+}
+
+// The named entries split into models and optimizers; Stateful entries and wrappers' comm hook
+// states go to `add_state(name, state, required)`. Names are checked together with `state_names`.
+template <typename ContentsType, typename AddState>
+ContentsType contents_of(const std::vector<CheckpointEntry>& entries, std::vector<std::string> state_names,
+                         const std::string& call, const AddState& add_state) {
+  ContentsType contents;
+  contents.layout = Layout::kNamed;
+  std::vector<std::string> names;
+  for (const auto& entry : entries) {
+    names.push_back(entry.name());
+    switch (entry.kind()) {
+      case CheckpointEntry::Kind::kModel:
+        contents.models.emplace_back(entry.name(), entry.module());
+        // A resumed run may add a hook the saving run did not have: not required on load.
+        if (Stateful* hook = entry.comm_hook_state()) {
+          add_state(entry.name() + "/" + detail::kCommHookStateName, hook, /*required=*/false);
+        }
+        break;
+      case CheckpointEntry::Kind::kOptimizer:
+        contents.optimizers.emplace_back(entry.name(), entry.optimizer());
+        break;
+      case CheckpointEntry::Kind::kState:
+        add_state(entry.name(), entry.state(), /*required=*/true);
+        break;
+    }
+  }
+  names.insert(names.end(), state_names.begin(), state_names.end());
+  check_names(names, call);
+  return contents;
+}
+
 std::string state_key(size_t index, size_t rank) {
   return "state_" + std::to_string(index) + "_" + std::to_string(rank);
 }
 
-std::string training_record(const TrainingState& state, int64_t world_size,
-                            const torch::optim::Optimizer* optimizer, const std::vector<RngState>& rng,
-                            const std::vector<std::string>& state_names,
+std::string training_record(const TrainingState& state, int64_t world_size, const SavedContents& contents,
+                            const std::vector<RngState>& rng, const std::vector<std::string>& state_names,
                             const std::vector<std::vector<at::Tensor>>& states) {
   torch::serialize::OutputArchive archive;
   archive.write("format_version", c10::IValue(kFormatVersion));
@@ -185,8 +256,24 @@ std::string training_record(const TrainingState& state, int64_t world_size,
   c10::Dict<std::string, std::string> metadata;
   for (const auto& [key, value] : state.metadata) metadata.insert(key, value);
   archive.write("metadata", c10::IValue(metadata));
-  archive.write("optimizer_type", c10::IValue(optimizer ? optimizer_type(*optimizer) : std::string()));
-  archive.write("optimizer_device", c10::IValue(optimizer ? optimizer_device(*optimizer) : std::string("cpu")));
+  if (contents.layout == Layout::kOneModel) {
+    const torch::optim::Optimizer* optimizer = contents.optimizers.empty() ? nullptr : contents.optimizers[0].second;
+    archive.write("optimizer_type", c10::IValue(optimizer ? optimizer_type(*optimizer) : std::string()));
+    archive.write("optimizer_device", c10::IValue(optimizer ? optimizer_device(*optimizer) : std::string("cpu")));
+  } else {
+    // Their presence marks a file of named models (older readers stop at the missing optimizer_type).
+    std::vector<std::string> models, optimizers, types, devices;
+    for (const auto& [name, module] : contents.models) models.push_back(name);
+    for (const auto& [name, optimizer] : contents.optimizers) {
+      optimizers.push_back(name);
+      types.push_back(optimizer_type(*optimizer));
+      devices.push_back(optimizer_device(*optimizer));
+    }
+    archive.write("model_names", c10::IValue(c10::List<std::string>(models)));
+    archive.write("optimizer_names", c10::IValue(c10::List<std::string>(optimizers)));
+    archive.write("optimizer_types", c10::IValue(c10::List<std::string>(types)));
+    archive.write("optimizer_devices", c10::IValue(c10::List<std::string>(devices)));
+  }
   archive.write("rng_ranks", c10::IValue(static_cast<int64_t>(rng.size())));
   for (size_t rank = 0; rank < rng.size(); ++rank) {
     archive.write("rng_cpu_" + std::to_string(rank), rng[rank].cpu, /*is_buffer=*/true);
@@ -216,21 +303,189 @@ std::string read_string(torch::serialize::InputArchive& archive, const std::stri
   return value.toStringRef();
 }
 
-void write_checkpoint_file(const std::string& path, const torch::nn::Module& module,
-                           const torch::optim::Optimizer* optimizer, const TrainingState& state,
+std::vector<std::string> read_strings(torch::serialize::InputArchive& archive, const std::string& key) {
+  c10::IValue value;
+  archive.read(key, value);
+  std::vector<std::string> strings;
+  for (const auto& item : value.toListRef()) strings.push_back(item.toStringRef());
+  return strings;
+}
+
+void write_checkpoint_file(const std::string& path, const SavedContents& contents, const TrainingState& state,
                            int64_t world_size, const std::vector<RngState>& rng,
                            const std::vector<std::string>& state_names,
                            const std::vector<std::vector<at::Tensor>>& states) {
   std::vector<std::pair<std::string, std::string>> records = {
-      {kTrainingRecord, training_record(state, world_size, optimizer, rng, state_names, states)}};
-  if (optimizer != nullptr) {
+      {kTrainingRecord, training_record(state, world_size, contents, rng, state_names, states)}};
+  for (size_t i = 0; i < contents.optimizers.size(); ++i) {
     torch::serialize::OutputArchive archive;
-    optimizer->save(archive);
-    records.emplace_back(kOptimizerRecord, bytes_of(archive));
+    contents.optimizers[i].second->save(archive);
+    records.emplace_back(optimizer_record(contents.layout, i), bytes_of(archive));
   }
-  std::vector<char> zip = make_state_dict_archive(state_dict(module), records);
+  std::vector<char> zip;
+  if (contents.layout == Layout::kOneModel) {
+    zip = make_state_dict_archive(state_dict(*contents.models.front().second), records);
+  } else {
+    NamedStateDicts models;
+    for (const auto& [name, module] : contents.models) models.emplace_back(name, state_dict(*module));
+    zip = make_nested_state_dict_archive(models, records);
+  }
   seal_archive(zip);
   write_file_atomically(path, zip.data(), zip.size());
+}
+
+// The training record of a file, read.
+struct SavedOptimizer {
+  std::string name, type, device;
+};
+struct SavedRecord {
+  Layout layout = Layout::kOneModel;
+  TrainingState state;
+  std::vector<std::string> model_names;     // kNamed
+  std::vector<SavedOptimizer> optimizers;   // kOneModel: none or one, named ""
+  int64_t rng_ranks = 0, state_ranks = 0;
+  std::vector<std::string> state_names;
+  torch::serialize::InputArchive archive;   // for the per-rank RNG and state entries
+};
+
+void read_training_record(const std::vector<char>& zip, const std::string& path, SavedRecord& saved) {
+  const auto record = read_archive_record(zip, kTrainingRecord, path);
+  if (!record) {
+    throw CheckpointError(path + " holds a model state but no training state (written by save_state_dict?); "
+                          "read it with ddp::load_state_dict(path)");
+  }
+  torch::serialize::InputArchive& archive = saved.archive;
+  TrainingState& state = saved.state;
+  try {
+    // Checked and rebuilt first: InputArchive compiles the code an archive carries (archive_check.h).
+    const std::vector<char> checked = checked_script_archive(std::vector<char>(record->begin(), record->end()));
+    archive.load_from(checked.data(), checked.size(), at::Device(at::kCPU));
+    const int64_t version = read_int(archive, "format_version");
+    if (version != kFormatVersion) {
+      throw CheckpointError("format version " + std::to_string(version) + " is not supported (this build reads " +
+                            std::to_string(kFormatVersion) + ")");
+    }
+    state.epoch = read_int(archive, "epoch");
+    state.global_step = read_int(archive, "global_step");
+    state.world_size = read_int(archive, "world_size");
+    state.sampler.epoch = read_int(archive, "sampler_epoch");
+    state.sampler.consumed = read_int(archive, "sampler_consumed");
+    c10::IValue metadata;
+    archive.read("metadata", metadata);
+    for (const auto& item : metadata.toGenericDict()) {
+      state.metadata[item.key().toStringRef()] = item.value().toStringRef();
+    }
+    c10::IValue model_names;
+    if (archive.try_read("model_names", model_names)) {
+      saved.layout = Layout::kNamed;
+      for (const auto& name : model_names.toListRef()) saved.model_names.push_back(name.toStringRef());
+      const auto names = read_strings(archive, "optimizer_names");
+      const auto types = read_strings(archive, "optimizer_types");
+      const auto devices = read_strings(archive, "optimizer_devices");
+      if (types.size() != names.size() || devices.size() != names.size()) {
+        throw CheckpointError("it lists " + std::to_string(names.size()) + " optimizers but " +
+                              std::to_string(types.size()) + " types and " + std::to_string(devices.size()) + " devices");
+      }
+      for (size_t i = 0; i < names.size(); ++i) saved.optimizers.push_back({names[i], types[i], devices[i]});
+    } else {
+      const std::string type = read_string(archive, "optimizer_type");
+      const std::string device = read_string(archive, "optimizer_device");
+      if (!type.empty()) saved.optimizers.push_back({"", type, device});
+    }
+    saved.rng_ranks = read_int(archive, "rng_ranks");
+    // Checkpoints written before states existed have neither key.
+    c10::IValue names_value;
+    if (archive.try_read("state_names", names_value)) {
+      for (const auto& name : names_value.toListRef()) saved.state_names.push_back(name.toStringRef());
+      saved.state_ranks = read_int(archive, "state_ranks");
+    }
+  } catch (const std::exception& error) {
+    throw CheckpointError("cannot read the training state in " + path + ": " + error_text(error));
+  }
+}
+
+// Loads the optimizer state saved as `saved` (record `record`) into `optimizer`. `where` is "" for
+// a single-model file, " under \"<name>\"" for a named one.
+void load_optimizer(const std::vector<char>& zip, const std::string& path, const SavedOptimizer& saved,
+                    const std::string& record, const std::string& where, torch::optim::Optimizer& optimizer,
+                    const LoadOptions& options) {
+  if (saved.type != optimizer_type(optimizer)) {
+    throw CheckpointError("checkpoint " + path + " holds " + saved.type + " state" + where + ", the optimizer is " +
+                          optimizer_type(optimizer));
+  }
+  const auto bytes = read_archive_record(zip, record, path);
+  if (!bytes) throw CheckpointError("checkpoint " + path + " lacks its optimizer record" + where);
+  std::vector<char> checked;
+  try {
+    checked = checked_script_archive(std::vector<char>(bytes->begin(), bytes->end()));
+  } catch (const std::exception& error) {
+    throw CheckpointError("cannot read the optimizer state" + where + " in " + path + ": " + error_text(error));
+  }
+  c10::Device device = at::kCPU;
+  try {  // the device string comes from the file
+    device = options.map_location().device_for(saved.device);
+  } catch (const std::exception& error) {
+    throw CheckpointError("cannot place the optimizer state" + where + " from " + path + " (saved on " + saved.device +
+                          ") where map_location puts it: " + error_text(error));
+  }
+  try {
+    torch::serialize::InputArchive optimizer_archive;
+    optimizer_archive.load_from(checked.data(), checked.size(), device);
+    optimizer.load(optimizer_archive);
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception& error) {
+    throw CheckpointError("the optimizer state" + where + " in " + path + " does not fit the optimizer: " +
+                          error_text(error));
+  }
+  try {
+    // Read onto one device above; each parameter's state now joins its parameter.
+    place_state_with_parameters(optimizer);
+  } catch (const std::exception& error) {
+    throw CheckpointError("cannot move the optimizer state" + where + " in " + path + " to its parameters' devices: " +
+                          error_text(error));
+  }
+}
+
+// The models and optimizers of `contents` from the file, which must have the same layout.
+void load_contents(const std::vector<char>& zip, const std::string& path, const SavedRecord& saved,
+                   const LoadedContents& contents, const LoadOptions& options) {
+  if (saved.layout != contents.layout) {
+    throw CheckpointError(
+        saved.layout == Layout::kNamed
+            ? path + " holds several named models (" + joined_names(saved.model_names) +
+                  "), not one: load them with ddp::load_checkpoint(path, {{\"<name>\", model}, ...})"
+            : "checkpoint " + path + " holds one unnamed model (saved by save_checkpoint(path, model, &optimizer, "
+                  "state)): load it with ddp::load_checkpoint(path, model, &optimizer)");
+  }
+  if (contents.layout == Layout::kOneModel) {
+    load_state_dict(*contents.models.front().second, parse_state_dict_archive(zip, path, options.map_location()),
+                    options.strict(), "checkpoint " + path);
+  } else if (!contents.models.empty()) {
+    const NamedStateDicts models = parse_nested_state_dict_archive(zip, path, options.map_location());
+    for (const auto& [name, module] : contents.models) {
+      auto found = std::find_if(models.begin(), models.end(), [&](const auto& model) { return model.first == name; });
+      if (found == models.end()) {
+        throw CheckpointError("checkpoint " + path + " holds no model named \"" + name +
+                              "\" (its models: " + joined_names(saved.model_names) + ")");
+      }
+      load_state_dict(*module, found->second, options.strict(), "checkpoint " + path + " (model \"" + name + "\")");
+    }
+  }
+  for (const auto& [name, optimizer] : contents.optimizers) {
+    auto found = std::find_if(saved.optimizers.begin(), saved.optimizers.end(),
+                              [&](const SavedOptimizer& entry) { return entry.name == name; });
+    if (found == saved.optimizers.end()) {
+      if (contents.layout == Layout::kOneModel) throw CheckpointError("checkpoint " + path + " holds no optimizer state");
+      std::vector<std::string> names;
+      for (const auto& entry : saved.optimizers) names.push_back(entry.name);
+      throw CheckpointError("checkpoint " + path + " holds no optimizer named \"" + name +
+                            "\" (its optimizers: " + joined_names(names) + ")");
+    }
+    const size_t index = found - saved.optimizers.begin();
+    load_optimizer(zip, path, *found, optimizer_record(contents.layout, index),
+                   contents.layout == Layout::kOneModel ? "" : " under \"" + name + "\"", *optimizer, options);
+  }
 }
 
 // Files named like checkpoint_path() in `dir`, newest step first.
@@ -263,11 +518,10 @@ void keep_newest(const std::string& path, const std::string& prefix, int keep) {
   }
 }
 
-}  // namespace
 
-void save_checkpoint(const std::string& path, const torch::nn::Module& module,
-                     const torch::optim::Optimizer* optimizer, const TrainingState& state,
-                     const CheckpointOptions& options) {
+// The collective save of any contents: every rank's RNG and states gathered, rank 0 writes.
+void save_contents(const std::string& path, const SavedContents& contents, const TrainingState& state,
+                   const CheckpointOptions& options) {
   const ProcessGroupPtr group = resolve_group(options.group());
   const int rank = group ? group->getRank() : 0;
   const int64_t world_size = group ? group->getSize() : 1;
@@ -281,7 +535,7 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module,
   std::string failure;
   if (rank == 0) {
     try {
-      write_checkpoint_file(path, module, optimizer, state, world_size, rng, state_names, states);
+      write_checkpoint_file(path, contents, state, world_size, rng, state_names, states);
       if (options.keep_last() > 0) keep_newest(path, options.prefix(), options.keep_last());
     } catch (const std::exception& error) {
       failure = error_text(error);
@@ -298,110 +552,28 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module,
   if (!failure.empty()) throw CheckpointError("cannot save checkpoint " + path + ": " + failure);
 }
 
-TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module,
-                              torch::optim::Optimizer* optimizer, const LoadOptions& options) {
+// Not collective: the contents, this rank's states and RNG from the file; the training state returned.
+TrainingState load_contents(const std::string& path, const LoadedContents& contents, const LoadOptions& options) {
   const std::vector<char> zip = read_checkpoint_file(path);
-  const auto record = read_archive_record(zip, kTrainingRecord, path);
-  if (!record) {
-    throw CheckpointError(path + " holds a model state but no training state (written by save_state_dict?); "
-                          "read it with ddp::load_state_dict(path)");
-  }
-  load_state_dict(module, parse_state_dict_archive(zip, path, options.map_location()), options.strict(),
-                  "checkpoint " + path);
-
-  TrainingState state;
-  torch::serialize::InputArchive archive;
-  std::string saved_optimizer, saved_optimizer_device;
-  int64_t rng_ranks = 0, state_ranks = 0;
-  std::vector<std::string> state_names;
-  c10::IValue names_value;
-  try {
-    // Checked and rebuilt first: InputArchive compiles the code an archive carries (archive_check.h).
-    const std::vector<char> checked = checked_script_archive(std::vector<char>(record->begin(), record->end()));
-    archive.load_from(checked.data(), checked.size(), at::Device(at::kCPU));
-    const int64_t version = read_int(archive, "format_version");
-    if (version != kFormatVersion) {
-      throw CheckpointError("format version " + std::to_string(version) + " is not supported (this build reads " +
-                            std::to_string(kFormatVersion) + ")");
-    }
-    state.epoch = read_int(archive, "epoch");
-    state.global_step = read_int(archive, "global_step");
-    state.world_size = read_int(archive, "world_size");
-    state.sampler.epoch = read_int(archive, "sampler_epoch");
-    state.sampler.consumed = read_int(archive, "sampler_consumed");
-    c10::IValue metadata;
-    archive.read("metadata", metadata);
-    for (const auto& item : metadata.toGenericDict()) {
-      state.metadata[item.key().toStringRef()] = item.value().toStringRef();
-    }
-    saved_optimizer = read_string(archive, "optimizer_type");
-    saved_optimizer_device = read_string(archive, "optimizer_device");
-    rng_ranks = read_int(archive, "rng_ranks");
-    // Checkpoints written before states existed have neither key.
-    if (archive.try_read("state_names", names_value)) {
-      for (const auto& name : names_value.toListRef()) state_names.push_back(name.toStringRef());
-      state_ranks = read_int(archive, "state_ranks");
-    }
-  } catch (const std::exception& error) {
-    throw CheckpointError("cannot read the training state in " + path + ": " + error_text(error));
-  }
-
-  if (optimizer != nullptr) {
-    if (saved_optimizer.empty()) throw CheckpointError("checkpoint " + path + " holds no optimizer state");
-    if (saved_optimizer != optimizer_type(*optimizer)) {
-      throw CheckpointError("checkpoint " + path + " holds " + saved_optimizer + " state, the optimizer is " +
-                            optimizer_type(*optimizer));
-    }
-    const auto bytes = read_archive_record(zip, kOptimizerRecord, path);
-    if (!bytes) throw CheckpointError("checkpoint " + path + " lacks its optimizer record");
-    std::vector<char> checked;
-    try {
-      checked = checked_script_archive(std::vector<char>(bytes->begin(), bytes->end()));
-    } catch (const std::exception& error) {
-      throw CheckpointError("cannot read the optimizer state in " + path + ": " + error_text(error));
-    }
-    c10::Device device = at::kCPU;
-    try {  // the device string comes from the file
-      device = options.map_location().device_for(saved_optimizer_device);
-    } catch (const std::exception& error) {
-      throw CheckpointError("cannot place the optimizer state from " + path + " (saved on " + saved_optimizer_device +
-                            ") where map_location puts it: " + error_text(error));
-    }
-    try {
-      torch::serialize::InputArchive optimizer_archive;
-      optimizer_archive.load_from(checked.data(), checked.size(), device);
-      optimizer->load(optimizer_archive);
-    } catch (const CheckpointError&) {
-      throw;
-    } catch (const std::exception& error) {
-      throw CheckpointError("the optimizer state in " + path + " does not fit the optimizer: " + error_text(error));
-    }
-    try {
-      // Read onto one device above; each parameter's state now joins its parameter.
-      place_state_with_parameters(*optimizer);
-    } catch (const std::exception& error) {
-      throw CheckpointError("cannot move the optimizer state in " + path + " to its parameters' devices: " +
-                            error_text(error));
-    }
-  }
+  SavedRecord saved;
+  read_training_record(zip, path, saved);
+  load_contents(zip, path, saved, contents, options);
 
   const ProcessGroupPtr group = resolve_group(options.group());
   const int rank = group ? group->getRank() : 0;
   for (const auto& entry : options.states()) {
-    const auto found = std::find(state_names.begin(), state_names.end(), entry.name);
-    if (found == state_names.end()) {
+    const auto found = std::find(saved.state_names.begin(), saved.state_names.end(), entry.name);
+    if (found == saved.state_names.end()) {
       if (!entry.required) continue;
-      std::string saved;
-      for (const auto& name : state_names) saved += (saved.empty() ? "" : ", ") + name;
       throw CheckpointError("checkpoint " + path + " holds no state named \"" + entry.name + "\" (it holds: " +
-                            (saved.empty() ? "none" : saved) + "); save it with CheckpointOptions().state(\"" +
+                            joined_names(saved.state_names) + "); save it with CheckpointOptions().state(\"" +
                             entry.name + "\", ...)");
     }
     // A rank the saving world did not have takes rank 0's snapshot.
-    const size_t from_rank = rank < state_ranks ? rank : 0;
+    const size_t from_rank = rank < saved.state_ranks ? rank : 0;
     at::Tensor bytes;
     try {
-      archive.read(state_key(found - state_names.begin(), from_rank), bytes, /*is_buffer=*/true);
+      saved.archive.read(state_key(found - saved.state_names.begin(), from_rank), bytes, /*is_buffer=*/true);
       entry.state->load_state_dict(unpickled(bytes));
     } catch (const std::exception& error) {
       throw CheckpointError("cannot restore the state \"" + entry.name + "\" from " + path + ": " + error_text(error));
@@ -409,11 +581,11 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module
   }
 
   if (options.restore_rng()) {
-    if (rank < rng_ranks) {
+    if (rank < saved.rng_ranks) {
       try {
         at::Tensor cpu_state, cuda_state;
-        archive.read("rng_cpu_" + std::to_string(rank), cpu_state, /*is_buffer=*/true);
-        archive.read("rng_cuda_" + std::to_string(rank), cuda_state, /*is_buffer=*/true);
+        saved.archive.read("rng_cpu_" + std::to_string(rank), cpu_state, /*is_buffer=*/true);
+        saved.archive.read("rng_cuda_" + std::to_string(rank), cuda_state, /*is_buffer=*/true);
         restore_rng_state(cpu_state, cuda_state);
       } catch (const std::exception& error) {
         throw CheckpointError("cannot restore the RNG state of rank " + std::to_string(rank) + " from " + path + ": " +
@@ -421,7 +593,136 @@ TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module
       }
     }
   }
-  return state;
+  return saved.state;
+}
+
+LoadedContents one_model(torch::nn::Module& module, torch::optim::Optimizer* optimizer) {
+  LoadedContents contents;
+  contents.models.emplace_back("", &module);
+  if (optimizer != nullptr) contents.optimizers.emplace_back("", optimizer);
+  return contents;
+}
+
+std::vector<std::string> state_names_of(const LoadOptions& options) {
+  std::vector<std::string> names;
+  for (const auto& entry : options.states()) names.push_back(entry.name);
+  return names;
+}
+
+// The named entries as contents, their states added to `options`.
+LoadedContents named_contents(const std::vector<CheckpointEntry>& entries, LoadOptions& options) {
+  return contents_of<LoadedContents>(entries, state_names_of(options), "load_checkpoint",
+                                     [&](const std::string& name, Stateful* state, bool required) {
+                                       if (required) {
+                                         options.state(name, state);
+                                       } else {
+                                         options.optional_state(name, state);
+                                       }
+                                     });
+}
+
+// --- load_checkpoint_if_exists: rank 0 decides, every rank follows ------------------------------------
+
+// The file to load for `path_or_dir`, or "" when there is none (decided on rank 0 only).
+std::string existing_checkpoint(const std::string& path_or_dir) {
+  std::error_code error;
+  const auto status = std::filesystem::status(path_or_dir, error);
+  if (std::filesystem::is_directory(status)) return latest_checkpoint(path_or_dir).value_or("");
+  // Anything else that exists is loaded, and refused there if it is no checkpoint: only absence means "start fresh".
+  return std::filesystem::exists(std::filesystem::symlink_status(path_or_dir, error)) ? path_or_dir : "";
+}
+
+// Collective: rank 0's `text` on every rank.
+std::string broadcast_text(const std::string& text, const ProcessGroupPtr& group) {
+  const at::Device device = collective_device(group);
+  at::Tensor size = torch::tensor({static_cast<int64_t>(text.size())}, at::kLong).to(device);
+  broadcast(size, 0, group);
+  at::Tensor bytes = torch::zeros({size.cpu().item<int64_t>()}, at::kByte);
+  if (group->getRank() == 0) std::memcpy(bytes.data_ptr(), text.data(), text.size());
+  bytes = bytes.to(device);
+  broadcast(bytes, 0, group);
+  bytes = bytes.cpu();
+  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
+}
+
+Restored load_if_exists(const std::string& path_or_dir, const LoadOptions& options,
+                        const std::function<TrainingState(const std::string&)>& load) {
+  const ProcessGroupPtr group = resolve_group(options.group());
+  const int rank = group ? group->getRank() : 0;
+  // 1. Rank 0 looks, every rank hears its answer: ranks never split into fresh and resumed.
+  std::string chosen = rank == 0 ? existing_checkpoint(path_or_dir) : std::string();
+  if (group) chosen = broadcast_text(chosen, group);
+  if (chosen.empty()) return Restored{};
+  // 2. Every rank loads; then all learn whether all succeeded, so none trains on alone.
+  Restored restored{true, chosen, {}};
+  std::exception_ptr failure;
+  try {
+    restored.state = load(chosen);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  if (group) {
+    at::Tensor failed_rank = torch::tensor({failure ? static_cast<int64_t>(rank) : int64_t{-1}}, at::kLong)
+                                 .to(collective_device(group));
+    all_reduce(failed_rank, c10d::ReduceOp::MAX, group);
+    const int64_t other = failed_rank.cpu().item<int64_t>();
+    if (!failure && other >= 0) {
+      throw CheckpointError("rank " + std::to_string(other) + " failed to load checkpoint " + chosen +
+                            " (its error is in its output)");
+    }
+  }
+  if (failure) std::rethrow_exception(failure);
+  return restored;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const torch::nn::Module& module,
+                     const torch::optim::Optimizer* optimizer, const TrainingState& state,
+                     const CheckpointOptions& options) {
+  std::vector<std::string> state_names;
+  for (const auto& entry : options.states()) state_names.push_back(entry.first);
+  check_names(state_names, "save_checkpoint");
+  SavedContents contents;
+  contents.models.emplace_back("", &module);
+  if (optimizer != nullptr) contents.optimizers.emplace_back("", optimizer);
+  save_contents(path, contents, state, options);
+}
+
+void save_checkpoint(const std::string& path, const std::vector<CheckpointEntry>& entries,
+                     const TrainingState& state, const CheckpointOptions& options) {
+  CheckpointOptions with_states = options;
+  std::vector<std::string> state_names;
+  for (const auto& entry : options.states()) state_names.push_back(entry.first);
+  const SavedContents contents = contents_of<SavedContents>(
+      entries, state_names, "save_checkpoint",
+      [&](const std::string& name, const Stateful* state, bool) { with_states.state(name, state); });
+  save_contents(path, contents, state, with_states);
+}
+
+TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module,
+                              torch::optim::Optimizer* optimizer, const LoadOptions& options) {
+  check_names(state_names_of(options), "load_checkpoint");
+  return load_contents(path, one_model(module, optimizer), options);
+}
+
+TrainingState load_checkpoint(const std::string& path, const std::vector<CheckpointEntry>& entries,
+                              const LoadOptions& options) {
+  LoadOptions with_states = options;
+  const LoadedContents contents = named_contents(entries, with_states);
+  return load_contents(path, contents, with_states);
+}
+
+Restored load_checkpoint_if_exists(const std::string& path_or_dir, torch::nn::Module& module,
+                                   torch::optim::Optimizer* optimizer, const LoadOptions& options) {
+  return load_if_exists(path_or_dir, options,
+                        [&](const std::string& path) { return load_checkpoint(path, module, optimizer, options); });
+}
+
+Restored load_checkpoint_if_exists(const std::string& path_or_dir, const std::vector<CheckpointEntry>& entries,
+                                   const LoadOptions& options) {
+  return load_if_exists(path_or_dir, options,
+                        [&](const std::string& path) { return load_checkpoint(path, entries, options); });
 }
 
 std::string checkpoint_path(const std::string& dir, int64_t global_step, const std::string& prefix) {

@@ -169,6 +169,119 @@ std::vector<char> sound_archive(std::vector<char> bytes, const std::string& path
   return bytes;
 }
 
+
+// --- writing: a pickled root object with its tensors, as torch.save lays them out -------------------
+c10::Dict<std::string, at::Tensor> cpu_dict(const StateDict& state) {
+  c10::Dict<std::string, at::Tensor> dict;
+  for (const auto& item : state) dict.insert(item.key(), item.value().detach().to(at::kCPU));
+  return dict;
+}
+
+// "<device> <name>\n" per tensor; names may hold spaces, devices never do.
+std::string devices_of(const StateDict& state) {
+  std::string devices;
+  for (const auto& item : state) devices += item.value().device().str() + " " + item.key() + "\n";
+  return devices;
+}
+
+// A nested archive's device list of the model at `index` of its root dict.
+std::string nested_devices_record(std::size_t index) { return std::string(kDevicesRecord) + "_" + std::to_string(index); }
+
+std::vector<char> archive_of(const c10::IValue& root, const std::vector<std::pair<std::string, std::string>>& records) {
+  // What torch::pickle_save does, with room for our records in the same archive, and without type
+  // tags on the dict (torch.jit._pickle.restore_type_tag): Python's torch.load refuses that global
+  // under weights_only=True, its default since PyTorch 2.6.
+  std::vector<char> pickle;
+  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(root);
+  pickler.stop();
+  std::vector<char> zip;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
+    const char* bytes = static_cast<const char*>(data);
+    zip.insert(zip.end(), bytes, bytes + size);
+    return size;
+  });
+  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
+  for (const auto& [name, bytes] : records) writer.writeRecord(name, bytes.data(), bytes.size());
+  writer.writeEndOfFile();
+  return zip;
+}
+
+// --- reading ------------------------------------------------------------------------------------------
+// The devices listed in `record` (name -> "cuda:1"); empty when the archive has no such record.
+std::map<std::string, std::string> saved_devices_in(const std::vector<char>& zip, const std::string& record,
+                                                    const std::string& path) {
+  std::map<std::string, std::string> saved_devices;
+  if (auto devices = read_archive_record(zip, record, path)) {
+    std::istringstream lines(*devices);
+    std::string line;
+    while (std::getline(lines, line)) {
+      const std::size_t space = line.find(' ');
+      if (space == 0 || space == std::string::npos) {
+        throw CheckpointError(path + " has a damaged device list: the line \"" + line + "\" is not \"<device> <name>\"");
+      }
+      saved_devices[line.substr(space + 1)] = line.substr(0, space);
+    }
+  }
+  return saved_devices;
+}
+
+// The archive's root dict, checked before LibTorch's unpickler sees it.
+c10::impl::GenericDict root_of(const std::vector<char>& zip, const std::string& path) {
+  c10::IValue root;
+  try {
+    const auto rewritten = with_plain_dict(zip);
+    const std::vector<char>& archive = rewritten ? *rewritten : zip;
+    check_plain_archive(archive);  // what LibTorch's unpickler would crash on, refused first
+    root = torch::jit::pickle_load(archive);
+    if (rewritten && root.isGenericDict()) (void)root.toGenericDict().erase(kHookKey);  // 2.x marks erase nodiscard
+  } catch (const std::exception& error) {
+    throw CheckpointError("cannot read the model state in " + path + ": " + error_text(error));
+  }
+  if (!root.isGenericDict()) {
+    throw CheckpointError(path + " does not hold a state_dict: its root object is a " + root.tagKind() +
+                          ", not a dict of tensors");
+  }
+  return root.toGenericDict();
+}
+
+// A dict of tensors (`what` names it in errors), each placed by map_location from its saved device.
+StateDict placed_state_dict(const c10::impl::GenericDict& dict, const std::map<std::string, std::string>& saved_devices,
+                            const MapLocation& map_location, const std::string& what, const std::string& path) {
+  StateDict state;
+  for (const auto& item : dict) {
+    if (!item.key().isString() || !item.value().isTensor()) {
+      throw CheckpointError(what + " does not hold a state_dict: entry " + c10::str(item.key()) + " is a " +
+                            item.value().tagKind() + ", not a tensor under a name");
+    }
+    const std::string& name = item.key().toStringRef();
+    const at::Tensor& tensor = item.value().toTensor();
+    auto saved = saved_devices.find(name);
+    const std::string from = saved == saved_devices.end() ? tensor.device().str() : saved->second;
+    try {
+      state.insert(name, tensor.to(map_location.device_for(from)));
+    } catch (const std::exception& error) {  // a device this build lacks, or a name that is no device
+      throw CheckpointError("cannot place " + name + " from " + path + " (saved on " + from +
+                            ") where map_location puts it: " + error_text(error));
+    }
+  }
+  return state;
+}
+
+// "generator, discriminator" when every value of the root dict is a dict: a checkpoint of named models.
+std::optional<std::string> nested_names(const c10::impl::GenericDict& root) {
+  if (root.empty()) return std::nullopt;
+  std::string names;
+  for (const auto& item : root) {
+    if (!item.key().isString() || !item.value().isGenericDict()) return std::nullopt;
+    names += (names.empty() ? "" : ", ") + item.key().toStringRef();
+  }
+  return names;
+}
+
 }  // namespace
 
 void seal_archive(std::vector<char>& zip) {
@@ -266,81 +379,51 @@ std::vector<char> read_checkpoint_file(const std::string& path, bool allow_plain
 
 std::vector<char> make_state_dict_archive(
     const StateDict& state, const std::vector<std::pair<std::string, std::string>>& extra_records) {
-  c10::Dict<std::string, at::Tensor> dict;
-  std::string devices;  // "<device> <name>\n" per tensor; names may hold spaces, devices never do
-  for (const auto& item : state) {
-    dict.insert(item.key(), item.value().detach().to(at::kCPU));
-    devices += item.value().device().str() + " " + item.key() + "\n";
+  std::vector<std::pair<std::string, std::string>> records = {{kDevicesRecord, devices_of(state)}};
+  records.insert(records.end(), extra_records.begin(), extra_records.end());
+  return archive_of(c10::IValue(cpu_dict(state)), records);
+}
+
+std::vector<char> make_nested_state_dict_archive(
+    const NamedStateDicts& states, const std::vector<std::pair<std::string, std::string>>& extra_records) {
+  c10::Dict<std::string, c10::Dict<std::string, at::Tensor>> root;
+  std::vector<std::pair<std::string, std::string>> records;
+  for (const auto& [name, state] : states) {
+    if (!root.insert(name, cpu_dict(state)).second) {
+      throw std::invalid_argument("internal error: the model name \"" + name + "\" is in a checkpoint twice");
+    }
+    records.emplace_back(nested_devices_record(records.size()), devices_of(state));
   }
-  // What torch::pickle_save does, with room for our records in the same archive, and without type
-  // tags on the dict (torch.jit._pickle.restore_type_tag): Python's torch.load refuses that global
-  // under weights_only=True, its default since PyTorch 2.6.
-  std::vector<char> pickle;
-  torch::jit::Pickler pickler([&](const char* data, size_t size) { pickle.insert(pickle.end(), data, data + size); },
-                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
-                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
-  pickler.protocol();
-  pickler.pushIValue(c10::IValue(dict));
-  pickler.stop();
-  std::vector<char> zip;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t size) {
-    const char* bytes = static_cast<const char*>(data);
-    zip.insert(zip.end(), bytes, bytes + size);
-    return size;
-  });
-  torch::jit::writeArchiveAndTensors("data", pickle.data(), pickle.size(), pickler.tensorData(), writer);
-  writer.writeRecord(kDevicesRecord, devices.data(), devices.size());
-  for (const auto& [name, bytes] : extra_records) writer.writeRecord(name, bytes.data(), bytes.size());
-  writer.writeEndOfFile();
-  return zip;
+  records.insert(records.end(), extra_records.begin(), extra_records.end());
+  return archive_of(c10::IValue(root), records);
 }
 
 StateDict parse_state_dict_archive(const std::vector<char>& zip, const std::string& path,
                                    const MapLocation& map_location) {
-  std::map<std::string, std::string> saved_devices;
-  if (auto devices = read_archive_record(zip, kDevicesRecord, path)) {
-    std::istringstream lines(*devices);
-    std::string line;
-    while (std::getline(lines, line)) {
-      const std::size_t space = line.find(' ');
-      if (space == 0 || space == std::string::npos) {
-        throw CheckpointError(path + " has a damaged device list: the line \"" + line + "\" is not \"<device> <name>\"");
-      }
-      saved_devices[line.substr(space + 1)] = line.substr(0, space);
-    }
+  const auto saved_devices = saved_devices_in(zip, kDevicesRecord, path);
+  const auto root = root_of(zip, path);
+  if (const auto names = nested_names(root)) {
+    throw CheckpointError(path + " holds several named models (" + *names + "), not one state_dict: load them with "
+                          "ddp::load_checkpoint(path, {{\"<name>\", model}, ...})");
   }
-  c10::IValue root;
-  try {
-    const auto rewritten = with_plain_dict(zip);
-    const std::vector<char>& archive = rewritten ? *rewritten : zip;
-    check_plain_archive(archive);  // what LibTorch's unpickler would crash on, refused first
-    root = torch::jit::pickle_load(archive);
-    if (rewritten && root.isGenericDict()) (void)root.toGenericDict().erase(kHookKey);  // 2.x marks erase nodiscard
-  } catch (const std::exception& error) {
-    throw CheckpointError("cannot read the model state in " + path + ": " + error_text(error));
-  }
-  if (!root.isGenericDict()) {
-    throw CheckpointError(path + " does not hold a state_dict: its root object is a " + root.tagKind() +
-                          ", not a dict of tensors");
-  }
-  StateDict state;
-  for (const auto& item : root.toGenericDict()) {
-    if (!item.key().isString() || !item.value().isTensor()) {
-      throw CheckpointError(path + " does not hold a state_dict: entry " + c10::str(item.key()) + " is a " +
-                            item.value().tagKind() + ", not a tensor under a name");
+  return placed_state_dict(root, saved_devices, map_location, path, path);
+}
+
+NamedStateDicts parse_nested_state_dict_archive(const std::vector<char>& zip, const std::string& path,
+                                                const MapLocation& map_location) {
+  const auto root = root_of(zip, path);
+  NamedStateDicts states;
+  for (const auto& item : root) {
+    if (!item.key().isString() || !item.value().isGenericDict()) {
+      throw CheckpointError(path + " does not hold named models: its entry " + c10::str(item.key()) + " is a " +
+                            item.value().tagKind() + ", not a state_dict under a name");
     }
     const std::string& name = item.key().toStringRef();
-    const at::Tensor& tensor = item.value().toTensor();
-    auto saved = saved_devices.find(name);
-    const std::string from = saved == saved_devices.end() ? tensor.device().str() : saved->second;
-    try {
-      state.insert(name, tensor.to(map_location.device_for(from)));
-    } catch (const std::exception& error) {  // a device this build lacks, or a name that is no device
-      throw CheckpointError("cannot place " + name + " from " + path + " (saved on " + from +
-                            ") where map_location puts it: " + error_text(error));
-    }
+    const auto saved_devices = saved_devices_in(zip, nested_devices_record(states.size()), path);
+    states.emplace_back(name, placed_state_dict(item.value().toGenericDict(), saved_devices, map_location,
+                                                "the model \"" + name + "\" in " + path, path));
   }
-  return state;
+  return states;
 }
 
 std::optional<std::string> read_archive_record(const std::vector<char>& zip, const std::string& name,

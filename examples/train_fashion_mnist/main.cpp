@@ -208,19 +208,22 @@ int run(const Options& options) {
 
   int start_epoch = 0;
 #ifdef TRAIN_HAS_CHECKPOINT
-  // Resume from the newest checkpoint: model, optimizer and where the sampler stood.
+  // Resume from the newest checkpoint: model, optimizer and where the sampler stood. Rank 0 looks
+  // for it and every rank follows, so all resume or all start fresh.
   if (!options.checkpoint_dir.empty()) {
-    if (auto latest = ddp::latest_checkpoint(options.checkpoint_dir)) {
-      auto state = ddp::load_checkpoint(*latest, model, &optimizer);
-      check_run(*latest, state, options);
-      start_epoch = static_cast<int>(state.sampler.epoch);
-      sampler.load_state(state.sampler);
-      const std::string writer = writer_of(state);
+    const auto restored = ddp::load_checkpoint_if_exists(options.checkpoint_dir, model, &optimizer);
+    if (restored.loaded) {
+      check_run(restored.path, restored.state, options);
+      start_epoch = static_cast<int>(restored.state.sampler.epoch);
+      sampler.load_state(restored.state.sampler);
+      const std::string writer = writer_of(restored.state);
       const bool other = writer.empty() || writer != run_identity(options);  // resumed with the flag
       if (leader) {
-        std::printf("resumed from %s at epoch %d%s\n", latest->c_str(), start_epoch + 1,
+        std::printf("resumed from %s at epoch %d%s\n", restored.path.c_str(), start_epoch + 1,
                     other ? (" (written by " + describe_run(writer) + ")").c_str() : "");
       }
+    } else if (leader) {
+      std::printf("no checkpoint in %s yet: starting from scratch\n", options.checkpoint_dir.c_str());
     }
   }
 #else

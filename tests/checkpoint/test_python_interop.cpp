@@ -96,6 +96,36 @@ print('python read', len(sd), 'tensors')
   EXPECT_TRUE(ckpt_test::contains(output, "python read 4 tensors")) << output;
 }
 
+// A checkpoint of named models is what torch.save({"generator": G.state_dict(), ...}) writes: a
+// plain dict of plain dicts, each loadable by the Python module of the same shape.
+TEST_F(PythonInterop, PythonTorchLoadReadsNamedModelsAsANestedDict) {
+  ckpt_test::ToyModel generator, discriminator;
+  fill_known(*generator);
+  fill_known(*discriminator);
+  torch::NoGradGuard no_grad;
+  discriminator->net2->bias.fill_(7);
+  torch::optim::Adam optimizer(generator->parameters());
+  const std::string path = dir_ + "/ckpt.pt";
+  ddp::save_checkpoint(path, {{"generator", generator}, {"discriminator", discriminator}, {"optimizerG", optimizer}},
+                       {});
+  std::string output;
+  const int status = run_python(dir_, std::string(kPythonToyModel) + R"(
+ckpt = torch.load(sys.argv[0].replace('script.py', 'ckpt.pt'))
+assert type(ckpt) is dict and list(ckpt) == ['generator', 'discriminator'], ckpt.keys()
+for name, sd in ckpt.items():
+    assert type(sd) is dict, type(sd)
+    model = ToyModel()
+    model.load_state_dict(sd)  # strict
+    for key, tensor in sd.items():
+        assert tensor.device.type == 'cpu'
+        expected = torch.full_like(tensor, 7) if (name, key) == ('discriminator', 'net2.bias') else known(tensor)
+        assert torch.equal(tensor, expected), (name, key)
+print('python read', ' and '.join(ckpt))
+)", &output);
+  EXPECT_EQ(status, 0) << output;
+  EXPECT_TRUE(ckpt_test::contains(output, "python read generator and discriminator")) << output;
+}
+
 TEST_F(PythonInterop, PythonSavedStateDictLoadsInCpp) {
   std::string output;
   const int status = run_python(dir_, std::string(kPythonToyModel) + R"(

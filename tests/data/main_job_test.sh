@@ -14,7 +14,8 @@
 #                                           plain lines when piped
 #   main_job_test.sh progress_ddprun DDPRUN TRAIN
 #                                           the same under ddprun: rank 0's bar on ddprun's terminal
-#   main_job_test.sh resume TRAIN           --checkpoint-dir: a second run resumes after epoch 1
+#   main_job_test.sh resume TRAIN           --checkpoint-dir: a first run in an empty directory says it
+#                                           starts from scratch, a second run resumes after epoch 1
 #   main_job_test.sh killed_on_shm DDPRUN TRAIN
 #                                           a rank SIGKILLed on gloo+shm: ddprun exits non-zero naming
 #                                           it, and /dev/shm holds nothing of the job
@@ -290,6 +291,7 @@ case $mode in
     # Both starts are one run (--run-id): a checkpoint of another run is not resumed (identity).
     out=$("$train" --epochs 1 "${small[@]}" --checkpoint-dir "$dir" --run-id resume-test 2>&1) || fail "first run: exit code $?"
     grep -q "resumed" <<<"$out" && fail "the first run resumed from an empty directory"
+    grep -qx "no checkpoint in $dir yet: starting from scratch" <<<"$out" || fail "no notice of a fresh start in an empty directory"
     [ -f "$dir/checkpoint-00000001.pt" ] || fail "no checkpoint-00000001.pt after epoch 1: $(ls "$dir")"
     out=$("$train" --epochs 2 "${small[@]}" --checkpoint-dir "$dir" --run-id resume-test 2>&1) || fail "second run: exit code $?"
     grep -qx "resumed from $dir/checkpoint-00000001.pt at epoch 2" <<<"$out" || fail "no 'resumed from ... at epoch 2'"

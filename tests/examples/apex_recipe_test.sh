@@ -6,16 +6,8 @@
 #      checkpoint (model, optimizer, scaler, sampler) and prints the same epoch-2 figures and
 #      loss scale as the straight run: the resume is exact.
 #   apex_recipe_test.sh DDPRUN APEX_RECIPE
-set -u -o pipefail
+source "$(dirname "$0")/example_test.sh"
 ddprun=$1 recipe=$2
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-
-fail() {
-  echo "FAIL: $1"
-  printf -- '--- output ---\n%s\n' "${out:-}"
-  exit 1
-}
 run() { timeout 240 "$ddprun" --standalone --nproc-per-node 2 --timeout 60 -- "$recipe" --limit-train 1280 --batch-size 32 "$@" 2>&1; }
 # An epoch's figures without its throughput and time, which differ run to run.
 figures() { grep -E "epoch $1/2: " <<<"$2" | sed -E 's/^\[rank 0\] //; s/ \| [0-9]+ samples\/s, [0-9.]+ s//'; }

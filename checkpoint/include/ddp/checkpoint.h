@@ -10,21 +10,38 @@
 //                                      ddp::MapLocation::cuda_for_local_rank(ddp::local_rank())));
 //   }
 //
+// Several models and optimizers in one file, by name, as Python's
+// torch.save({"generator": G.state_dict(), "optimizerG": optG.state_dict(), ...}):
+//
+//   ddp::save_checkpoint(path, {{"generator", G}, {"discriminator", D},
+//                               {"optimizerG", optG}, {"optimizerD", optD}}, state);
+//   auto restored = ddp::load_checkpoint_if_exists(dir, {{"generator", G}, {"discriminator", D},
+//                                                       {"optimizerG", optG}, {"optimizerD", optD}});
+//
+// A model is any of: a torch::nn::Module, a LibTorch module holder (torch::nn::Sequential, a
+// TORCH_MODULE such as DCGANGenerator), a std::shared_ptr to a module, or a wrapper such as
+// ddp::DistributedDataParallel (its bare module is saved, so one checkpoint fits both).
+//
 // One file: a PyTorch zip archive whose root object is the model's plain state_dict (Python:
-// torch.load(path) returns it, tensors on CPU) plus a record "ddp_training_state" holding the
-// rest, sealed with a checksum over everything (checkpoint_file.h).
+// torch.load(path) returns it, tensors on CPU), or for named models {name: state_dict} (Python:
+// torch.load(path)["generator"]), plus records holding the rest (training state, optimizer
+// states: C++ only, Python does not see them), sealed with a checksum over everything
+// (checkpoint_file.h).
 //
 // Thread-safety: save/load are collectives of the training thread; the model and optimizer must
 // not train on another thread meanwhile.
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
 #include <torch/optim/optimizer.h>
 
 #include <ddp/checkpoint_file.h>
@@ -125,40 +142,168 @@ std::string checkpoint_path(const std::string& dir, int64_t global_step,
 std::optional<std::string> latest_checkpoint(const std::string& dir,
                                              const std::string& prefix = "checkpoint");
 
-// Wrappers such as ddp::DistributedDataParallel (anything with .module() returning a pointer to
-// the wrapped module) save and load the bare module, so one checkpoint fits both. A wrapper with a
-// stateful comm hook (comm_hook_state(), e.g. PowerSGD) has that state saved and restored too,
-// under the name "comm_hook"; a checkpoint saved without it leaves the hook's fresh state alone.
+// A model given as a LibTorch module holder, a std::shared_ptr to a module, or a wrapper with
+// .module() (ddp::DistributedDataParallel). A wrapper with a stateful comm hook (comm_hook_state(),
+// e.g. PowerSGD) has that state saved and restored too, under the name "comm_hook"; a checkpoint
+// saved without it leaves the hook's fresh state alone.
 namespace detail {
+template <typename T, typename = void>
+struct HasModule : std::false_type {};
+template <typename T>
+struct HasModule<T, std::void_t<decltype(*std::declval<const T&>().module())>> : std::true_type {};
+template <typename T>
+struct IsSharedModule : std::false_type {};
+template <typename T>
+struct IsSharedModule<std::shared_ptr<T>> : std::is_base_of<torch::nn::Module, T> {};
+template <typename T>
+constexpr bool is_module_handle =
+    !std::is_base_of_v<torch::nn::Module, T> &&
+    (torch::detail::is_module_holder<T>::value || IsSharedModule<T>::value || HasModule<T>::value);
+template <typename T>
+constexpr bool is_model = std::is_base_of_v<torch::nn::Module, T> || is_module_handle<T>;
+
 template <typename Wrapper, typename = void>
 struct HasCommHookState : std::false_type {};
 template <typename Wrapper>
 struct HasCommHookState<Wrapper, std::void_t<decltype(std::declval<const Wrapper&>().comm_hook_state())>>
     : std::true_type {};
 constexpr char kCommHookStateName[] = "comm_hook";
+
+// The module a model names (throws std::invalid_argument for an empty one).
+template <typename Model>
+torch::nn::Module& module_of(Model& model) {
+  static_assert(is_model<std::remove_const_t<Model>>, "a checkpoint model must be a torch::nn::Module, a module "
+                "holder, a std::shared_ptr to a module or a wrapper with .module()");
+  if constexpr (std::is_base_of_v<torch::nn::Module, std::remove_const_t<Model>>) {
+    static_assert(!std::is_const_v<Model>, "pass the module itself, not a const reference: loading writes into it");
+    return model;
+  } else if constexpr (torch::detail::is_module_holder<Model>::value) {
+    return *model.ptr();  // an empty holder throws here, naming itself
+  } else {
+    torch::nn::Module* module = nullptr;
+    if constexpr (IsSharedModule<std::remove_const_t<Model>>::value) {
+      module = model.get();
+    } else {
+      module = model.module().get();
+    }
+    if (module == nullptr) throw std::invalid_argument("a checkpoint model is an empty pointer: it holds no module");
+    return *module;
+  }
+}
+// A wrapper's comm hook state, or null.
+template <typename Model>
+Stateful* comm_hook_state_of(const Model& model) {
+  if constexpr (HasCommHookState<Model>::value) {
+    return model.comm_hook_state();
+  } else {
+    return nullptr;
+  }
+}
 }  // namespace detail
 
-template <typename Wrapper, typename = decltype(*std::declval<const Wrapper&>().module())>
-void save_checkpoint(const std::string& path, const Wrapper& wrapper,
-                     const torch::optim::Optimizer* optimizer, const TrainingState& state,
-                     const CheckpointOptions& options = {}) {
+template <typename Model, typename = std::enable_if_t<detail::is_module_handle<Model>>>
+void save_checkpoint(const std::string& path, const Model& model, const torch::optim::Optimizer* optimizer,
+                     const TrainingState& state, const CheckpointOptions& options = {}) {
   CheckpointOptions with_hook = options;
-  if constexpr (detail::HasCommHookState<Wrapper>::value) {
-    if (const Stateful* hook_state = wrapper.comm_hook_state()) with_hook.state(detail::kCommHookStateName, hook_state);
+  if (const Stateful* hook_state = detail::comm_hook_state_of(model)) {
+    with_hook.state(detail::kCommHookStateName, hook_state);
   }
-  save_checkpoint(path, static_cast<const torch::nn::Module&>(*wrapper.module()), optimizer, state,
-                  with_hook);
+  save_checkpoint(path, static_cast<const torch::nn::Module&>(detail::module_of(model)), optimizer, state, with_hook);
 }
-template <typename Wrapper, typename = decltype(*std::declval<Wrapper&>().module())>
-TrainingState load_checkpoint(const std::string& path, Wrapper& wrapper,
-                              torch::optim::Optimizer* optimizer, const LoadOptions& options = {}) {
+template <typename Model, typename = std::enable_if_t<detail::is_module_handle<Model>>>
+TrainingState load_checkpoint(const std::string& path, const Model& model, torch::optim::Optimizer* optimizer,
+                              const LoadOptions& options = {}) {
   LoadOptions with_hook = options;
-  if constexpr (detail::HasCommHookState<Wrapper>::value) {
-    if (Stateful* hook_state = wrapper.comm_hook_state()) {
-      with_hook.optional_state(detail::kCommHookStateName, hook_state);
-    }
+  if (Stateful* hook_state = detail::comm_hook_state_of(model)) {
+    with_hook.optional_state(detail::kCommHookStateName, hook_state);
   }
-  return load_checkpoint(path, static_cast<torch::nn::Module&>(*wrapper.module()), optimizer, with_hook);
+  return load_checkpoint(path, detail::module_of(model), optimizer, with_hook);
+}
+
+// --- several models, optimizers and states in one checkpoint, by name -----------------------------
+
+// One entry of a named checkpoint: a model (any kind above), an optimizer or a Stateful (a
+// GradScaler, your own state) under a name, as one key of the dict a Python program saves. Holds
+// pointers only: the objects must outlive the save or load call.
+class CheckpointEntry {
+ public:
+  enum class Kind { kModel, kOptimizer, kState };
+
+  template <typename Model, typename = std::enable_if_t<detail::is_model<std::remove_const_t<Model>>>>
+  CheckpointEntry(std::string name, Model& model)
+      : name_(std::move(name)), kind_(Kind::kModel), module_(&detail::module_of(model)),
+        comm_hook_state_(detail::comm_hook_state_of(model)) {}
+  CheckpointEntry(std::string name, torch::optim::Optimizer& optimizer)
+      : name_(std::move(name)), kind_(Kind::kOptimizer), optimizer_(&optimizer) {}
+  CheckpointEntry(std::string name, Stateful& state) : name_(std::move(name)), kind_(Kind::kState), state_(&state) {}
+
+  const std::string& name() const { return name_; }
+  Kind kind() const { return kind_; }
+  torch::nn::Module* module() const { return module_; }              // kModel
+  torch::optim::Optimizer* optimizer() const { return optimizer_; }  // kOptimizer
+  Stateful* state() const { return state_; }                         // kState
+  // kModel: a DDP wrapper's comm hook state (saved as "<name>/comm_hook"), or null.
+  Stateful* comm_hook_state() const { return comm_hook_state_; }
+
+ private:
+  std::string name_;
+  Kind kind_;
+  torch::nn::Module* module_ = nullptr;
+  torch::optim::Optimizer* optimizer_ = nullptr;
+  Stateful* state_ = nullptr;
+  Stateful* comm_hook_state_ = nullptr;
+};
+
+// Collective, as the single-model save: rank 0 writes one file holding every entry (atomically:
+// a crash leaves the previous file or the complete new one, never half of the models), every rank
+// returns once it is complete. Stateful entries are each rank's own snapshot, as
+// CheckpointOptions::state (which may add more). Throws std::invalid_argument on every rank,
+// before anything is written, for an empty name or a name used twice (across models, optimizers
+// and states: a Python dict has one value per key).
+void save_checkpoint(const std::string& path, const std::vector<CheckpointEntry>& entries,
+                     const TrainingState& state, const CheckpointOptions& options = {});
+
+// Not collective: restores each entry from the entry of the same name in a checkpoint written by
+// the save above, and returns the training state. Any subset of the saved names may be loaded
+// (the generator alone, to sample). Throws CheckpointError naming the file and the entry for a
+// name the file lacks (listing what it holds), a model whose parameters do not match (every
+// mismatched name and shape, as the single-model load), an optimizer of another type; and
+// std::invalid_argument for a name given twice. A single-model checkpoint is refused with the call
+// that loads it, and the single-model load refuses a named checkpoint the same way.
+TrainingState load_checkpoint(const std::string& path, const std::vector<CheckpointEntry>& entries,
+                              const LoadOptions& options = {});
+
+// --- resuming when there may be nothing to resume from ---------------------------------------------
+
+// What load_checkpoint_if_exists found: `loaded` is false (and `state` the default) when there
+// was no checkpoint; `path` is the file it loaded.
+struct Restored {
+  bool loaded = false;
+  std::string path;
+  TrainingState state;
+};
+
+// Collective (every rank of LoadOptions::group calls it): the first start of a job and a restart
+// after a checkpoint use the same line. `path_or_dir` names a checkpoint file, or a directory
+// whose newest valid checkpoint (latest_checkpoint(dir), prefix "checkpoint") is loaded. Rank 0
+// decides whether there is one and which, and tells every rank, so all ranks load the same file or
+// all start fresh: nothing is loaded when the file, or the directory, or any checkpoint in it does
+// not exist. Everything else is an error on every rank: a file that exists but cannot be loaded
+// (damaged, another model) throws that error on the rank that met it and CheckpointError("rank R
+// failed to load checkpoint P") on the others, so no rank trains on alone.
+// (PyTorch has no such call: its programs test os.path.exists on each rank.)
+Restored load_checkpoint_if_exists(const std::string& path_or_dir, torch::nn::Module& module,
+                                   torch::optim::Optimizer* optimizer, const LoadOptions& options = {});
+Restored load_checkpoint_if_exists(const std::string& path_or_dir, const std::vector<CheckpointEntry>& entries,
+                                   const LoadOptions& options = {});
+template <typename Model, typename = std::enable_if_t<detail::is_module_handle<Model>>>
+Restored load_checkpoint_if_exists(const std::string& path_or_dir, const Model& model,
+                                   torch::optim::Optimizer* optimizer, const LoadOptions& options = {}) {
+  LoadOptions with_hook = options;
+  if (Stateful* hook_state = detail::comm_hook_state_of(model)) {
+    with_hook.optional_state(detail::kCommHookStateName, hook_state);
+  }
+  return load_checkpoint_if_exists(path_or_dir, detail::module_of(model), optimizer, with_hook);
 }
 
 }  // namespace ddp

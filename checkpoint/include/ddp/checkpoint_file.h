@@ -3,13 +3,16 @@
 //
 //   a PyTorch zip archive, exactly what torch.save / torch::pickle_save write:
 //     <archive>/data.pkl, <archive>/data/<n>   the model's state_dict: a plain dict
-//                                              name -> CPU tensor, no "module." prefix
+//                                              name -> CPU tensor, no "module." prefix; for a
+//                                              checkpoint of named models {model name: state_dict}
 //     <archive>/ddp_devices                    "<device> <name>" lines: where each tensor lived
-//                                              when saved (what map_location gets)
+//                                              when saved (what map_location gets); named models:
+//                                              ddp_devices_<i> for the i-th model of the root
 //     <archive>/ddp_training_state             checkpoints only: a torch::serialize archive with
 //                                              epoch, global step, sampler position, world size,
 //                                              metadata, optimizer type/device, per-rank RNG states
-//     <archive>/ddp_optimizer_state            checkpoints only: optimizer.save() archive
+//     <archive>/ddp_optimizer_state            checkpoints only: optimizer.save() archive (named:
+//                                              ddp_optimizer_state_<i>, the i-th optimizer name)
 //   whose zip comment (the last bytes of the file) is our ASCII trailer:
 //     "torchddp-checkpoint v1 bytes=<16 hex digits> crc32=<8 hex digits>\n"
 //   bytes = the file size before the trailer; crc32 (zlib's) over all those bytes, so every
@@ -58,6 +61,15 @@ std::vector<char> make_state_dict_archive(
 // file in errors.
 StateDict parse_state_dict_archive(const std::vector<char>& zip, const std::string& path,
                                    const MapLocation& map_location = {});
+// Several models: the root is {name: state_dict} (Python: torch.load(path)["generator"]), each
+// model's devices in a record "ddp_devices_<its index in the root>". Names must differ.
+using NamedStateDicts = std::vector<std::pair<std::string, StateDict>>;
+std::vector<char> make_nested_state_dict_archive(
+    const NamedStateDicts& states, const std::vector<std::pair<std::string, std::string>>& extra_records = {});
+// The named state_dicts of an archive made by make_nested_state_dict_archive, in its order,
+// placed by map_location. parse_state_dict_archive refuses such an archive, naming its models.
+NamedStateDicts parse_nested_state_dict_archive(const std::vector<char>& zip, const std::string& path,
+                                                const MapLocation& map_location = {});
 // The bytes of one extra record, or nullopt when the archive has none of that name.
 std::optional<std::string> read_archive_record(const std::vector<char>& zip, const std::string& name,
                                                const std::string& path);
