@@ -118,9 +118,9 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
   const ZeroRedundancyOptimizerOptions& options() const { return options_; }
-  // The bytes of optimizer state this rank holds (the local optimizer's state tensors), for
-  // memory reports. Grows at the first step, when the optimizer creates its state.
-  int64_t local_state_bytes() const;
+  // The optimizer over this rank's shard (PyTorch: zero.optim); ZeroRedundancyOptimizer<Optim>::
+  // optim() gives it as an Optim.
+  torch::optim::Optimizer& local_optimizer() const { return *local_; }
 
   // Joinable (ddp::Join): list the DDP model first, then this optimizer.
   ProcessGroupPtr join_process_group() const override { return group_; }
@@ -134,7 +134,6 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   ZeroRedundancyOptimizerBase(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                               std::unique_ptr<torch::optim::OptimizerOptions> defaults,
                               ZeroRedundancyOptimizerOptions options, OptimizerFactory make_optimizer);
-  torch::optim::Optimizer& local_optimizer() const { return *local_; }
 
  private:
   struct Buckets;
@@ -191,5 +190,11 @@ class ZeroRedundancyOptimizer : public ZeroRedundancyOptimizerBase {
   // rank's parameters, its state() their state.
   Optim& optim() const { return static_cast<Optim&>(local_optimizer()); }
 };
+
+// The bytes of optimizer state `optimizer` holds in this process (Adam: exp_avg and exp_avg_sq of
+// every parameter it has stepped), for memory reports; for a ZeroRedundancyOptimizer, its shard's.
+// Counts the state of LibTorch's optimizers (SGD, Adam, AdamW, Adagrad, RMSprop, LBFGS); another
+// optimizer's state counts as 0. Grows at the first step, when the optimizer creates its state.
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer);
 
 }  // namespace ddp

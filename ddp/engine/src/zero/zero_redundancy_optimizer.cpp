@@ -154,16 +154,6 @@ int ZeroRedundancyOptimizerBase::rank_of(const at::Tensor& param) const {
   raise<std::invalid_argument>(kWho, "rank_of: the tensor is not one of the optimized parameters");
 }
 
-int64_t ZeroRedundancyOptimizerBase::local_state_bytes() const {
-  int64_t bytes = 0;
-  for (const auto& entry : local_->state()) {
-    detail::for_each_state_tensor(*entry.second, [&](at::Tensor& tensor) {
-      if (tensor.defined()) bytes += static_cast<int64_t>(tensor.nbytes());
-    });
-  }
-  return bytes;
-}
-
 // Flat tensors per device and rank; the trainable parameters' data become views of them. Built at
 // construction, after add_param_group, and when a parameter's requires_grad changed (a frozen
 // parameter is not broadcast: its data gets a copy of its own, as in PyTorch).
@@ -312,6 +302,19 @@ void ZeroRedundancyOptimizerBase::join_shadow(const JoinStatus& status) {
   step_shard(nullptr);
   broadcast_shards();
   ++steps_;
+}
+
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+  if (const auto* zero = dynamic_cast<const ZeroRedundancyOptimizerBase*>(&optimizer)) {
+    return optimizer_state_bytes(zero->local_optimizer());
+  }
+  int64_t bytes = 0;
+  for (const auto& entry : optimizer.state()) {
+    detail::for_each_state_tensor(*entry.second, [&](const at::Tensor& tensor) {
+      if (tensor.defined()) bytes += static_cast<int64_t>(tensor.nbytes());
+    });
+  }
+  return bytes;
 }
 
 }  // namespace ddp
