@@ -240,6 +240,37 @@ DDP_WORKER(zero_add_param_group) {
 }
 TEST(Zero, AddParamGroupMatchesThePlainOptimizer) { EXPECT_WORKERS_OK(run_workers("zero_add_param_group", 3)); }
 
+// A learning-rate scheduler sets the lr of ZeRO's parameter groups; step() hands it to the local
+// optimizer (PyTorch's _sync_param_groups): equal to plain Adam under the same schedule.
+DDP_WORKER(zero_scheduler) {
+  worker_init(std::chrono::seconds(30));
+  torch::manual_seed(5);
+  MLP net, reference;
+  copy_parameters(*net, *reference);
+  const auto adam = torch::optim::AdamOptions(1e-2);
+  ddp::ZeroRedundancyOptimizer<torch::optim::Adam> opt(net->parameters(), {}, adam);
+  torch::optim::Adam plain(reference->parameters(), adam);
+  torch::optim::StepLR schedule(opt, /*step_size=*/2, /*gamma=*/0.1), plain_schedule(plain, 2, 0.1);
+  for (int step = 0; step < 6; ++step) {
+    auto [x, y] = batch(step);
+    opt.zero_grad();
+    torch::mse_loss(net->forward(x), y).backward();
+    opt.step();
+    schedule.step();
+    plain.zero_grad();
+    torch::mse_loss(reference->forward(x), y).backward();
+    plain.step();
+    plain_schedule.step();
+  }
+  require(opt.param_groups()[0].options().get_lr() == plain.param_groups()[0].options().get_lr(),
+          "ZeRO's group lr is not the scheduled one");
+  const auto params = net->parameters(), expected = reference->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    require(torch::equal(params[i], expected[i]), "parameter " + std::to_string(i) + " differs under StepLR");
+  }
+}
+TEST(Zero, LearningRateSchedulerReachesTheShards) { EXPECT_WORKERS_OK(run_workers("zero_scheduler", 2)); }
+
 // --- the whole state through a checkpoint ------------------------------------------------------
 // Every rank computes the whole batch's gradient, so ZeRO, resumed or not, at any world size, must
 // equal plain Adam bitwise.
