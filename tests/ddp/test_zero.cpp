@@ -309,7 +309,9 @@ DDP_WORKER(zero_checkpoint_save) {
   ZeroAdam opt(net->parameters(), ddp::ZeroRedundancyOptimizerOptions().parameters_as_bucket_view(true), kAdam);
   train(net, opt, 0, 5);
   opt.consolidate_state_dict(0);
-  ddp::save_checkpoint(zero_checkpoint(), *net, &opt, ddp::TrainingState{0, 5});
+  ddp::TrainingState state;
+  state.global_step = 5;
+  ddp::save_checkpoint(zero_checkpoint(), *net, &opt, state);
 
   torch::manual_seed(99);  // another start: everything must come from the checkpoint
   MLP resumed;
