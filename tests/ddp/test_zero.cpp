@@ -30,6 +30,25 @@ std::vector<OptimizerParamGroup> groups_of(MLP& net, bool two_groups, const Opti
           OptimizerParamGroup({net->fc2->weight, net->fc2->bias, net->fc3->weight}, std::make_unique<Options>(half))};
 }
 
+// Two MLPs with the same start: the one ZeRO trains and the plain optimizer's reference.
+std::pair<MLP, MLP> twin_mlps() {
+  torch::manual_seed(5);
+  MLP net, reference;
+  copy_parameters(*net, *reference);
+  return {net, reference};
+}
+
+// Steps `from` to `to` of `opt` on `net`, each on the whole batch of that step.
+template <typename Opt>
+void train(MLP& net, Opt& opt, int from, int to) {
+  for (int step = from; step < to; ++step) {
+    auto [x, y] = batch(step);
+    opt.zero_grad();
+    torch::mse_loss(net->forward(x), y).backward();
+    opt.step();
+  }
+}
+
 struct Case {
   bool bucket_view;
   bool two_groups;
@@ -205,9 +224,7 @@ TEST(Zero, BadInputIsNamed) { EXPECT_WORKERS_OK(run_workers("zero_bad_input", 2)
 // add_param_group: a group added later is partitioned on top of the first, which keeps its owners.
 DDP_WORKER(zero_add_param_group) {
   worker_init(std::chrono::seconds(30));
-  torch::manual_seed(5);
-  MLP net, reference;
-  copy_parameters(*net, *reference);
+  auto [net, reference] = twin_mlps();
   const auto adam = torch::optim::AdamOptions(1e-2);
   auto first = [](MLP& m) { return std::vector<torch::Tensor>{m->fc1->weight, m->fc1->bias, m->fc2->weight}; };
   auto second = [](MLP& m) {
@@ -222,13 +239,8 @@ DDP_WORKER(zero_add_param_group) {
       opt.add_param_group(second(net));
       plain.add_param_group(second(reference));
     }
-    auto [x, y] = batch(step);
-    opt.zero_grad();
-    torch::mse_loss(net->forward(x), y).backward();
-    opt.step();
-    plain.zero_grad();
-    torch::mse_loss(reference->forward(x), y).backward();
-    plain.step();
+    train(net, opt, step, step + 1);
+    train(reference, plain, step, step + 1);
   }
   for (size_t r = 0; r < owners_before.size(); ++r) {
     for (const auto& p : owners_before[r]) require(opt.rank_of(p) == static_cast<int>(r), "a first-group parameter moved");
@@ -244,22 +256,15 @@ TEST(Zero, AddParamGroupMatchesThePlainOptimizer) { EXPECT_WORKERS_OK(run_worker
 // optimizer (PyTorch's _sync_param_groups): equal to plain Adam under the same schedule.
 DDP_WORKER(zero_scheduler) {
   worker_init(std::chrono::seconds(30));
-  torch::manual_seed(5);
-  MLP net, reference;
-  copy_parameters(*net, *reference);
+  auto [net, reference] = twin_mlps();
   const auto adam = torch::optim::AdamOptions(1e-2);
   ddp::ZeroRedundancyOptimizer<torch::optim::Adam> opt(net->parameters(), {}, adam);
   torch::optim::Adam plain(reference->parameters(), adam);
   torch::optim::StepLR schedule(opt, /*step_size=*/2, /*gamma=*/0.1), plain_schedule(plain, 2, 0.1);
   for (int step = 0; step < 6; ++step) {
-    auto [x, y] = batch(step);
-    opt.zero_grad();
-    torch::mse_loss(net->forward(x), y).backward();
-    opt.step();
+    train(net, opt, step, step + 1);
     schedule.step();
-    plain.zero_grad();
-    torch::mse_loss(reference->forward(x), y).backward();
-    plain.step();
+    train(reference, plain, step, step + 1);
     plain_schedule.step();
   }
   require(opt.param_groups()[0].options().get_lr() == plain.param_groups()[0].options().get_lr(),
@@ -276,16 +281,6 @@ TEST(Zero, LearningRateSchedulerReachesTheShards) { EXPECT_WORKERS_OK(run_worker
 // equal plain Adam bitwise.
 using ZeroAdam = ddp::ZeroRedundancyOptimizer<torch::optim::Adam>;
 const auto kAdam = torch::optim::AdamOptions(1e-2).amsgrad(true);
-
-template <typename Opt>
-void train(MLP& net, Opt& opt, int from, int to) {
-  for (int step = from; step < to; ++step) {
-    auto [x, y] = batch(step);
-    opt.zero_grad();
-    torch::mse_loss(net->forward(x), y).backward();
-    opt.step();
-  }
-}
 
 void expect_bitwise(MLP& got, MLP& want, const std::string& what) {
   const auto params = got->parameters(), expected = want->parameters();
