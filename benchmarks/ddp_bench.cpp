@@ -255,11 +255,16 @@ void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& 
   reset_peak_rss();
   run_steps(variant, o.memory_steps);
   const double steady_peak = proc_status_mib("VmHWM");
+  // Each rank's optimizer state (ZeRO: its shard's), gathered for rank 0's report.
+  const auto state_bytes = ddp::all_gather(torch::tensor({variant.optimizer_state_bytes()}, torch::kLong), group);
   ddp::barrier(group);
   if (group->getRank() != 0) return;
+  std::vector<int64_t> state_per_rank;
+  for (const auto& bytes : state_bytes) state_per_rank.push_back(bytes.item<int64_t>());
   json out = {{"id", spec.id()}, {"baseline_rss_mib", baseline},
               {"steady_peak_delta_mib", steady_peak - baseline},
-              {"setup_peak_delta_mib", std::max(setup_peak, steady_peak) - baseline}};
+              {"setup_peak_delta_mib", std::max(setup_peak, steady_peak) - baseline},
+              {"optimizer_state_bytes_per_rank", state_per_rank}};
   std::ofstream(fs::path(o.out) / memory_file(config, group->getSize(), spec)) << out.dump(1) << "\n";
 }
 
@@ -393,6 +398,10 @@ std::vector<VariantSpec> memory_variants(const Options& o) {
     specs.push_back({Kind::ours, cap});
     specs.push_back({Kind::ours_view, cap});
   }
+  // The optimizer state per rank: Adam whole on every rank, and sharded by ZeRO (at the cap they
+  // are timed at, so that the report finds them beside their timings).
+  specs.push_back({Kind::ours_adam, hook_cap(o.caps)});
+  specs.push_back({Kind::ours_zero_adam, hook_cap(o.caps)});
   return specs;
 }
 

@@ -127,6 +127,9 @@ json analyse(const json& raw, const std::map<std::string, json>& memory) {
     if (mem != memory.end()) {
       row["peak_rss_steady_mib"] = mem->second["steady_peak_delta_mib"];
       row["peak_rss_setup_mib"] = mem->second["setup_peak_delta_mib"];
+      if (mem->second.contains("optimizer_state_bytes_per_rank")) {
+        row["optimizer_state_bytes_per_rank"] = mem->second["optimizer_state_bytes_per_rank"];
+      }
     }
     rows.push_back(row);
   }
@@ -237,6 +240,16 @@ void print_memory(const json& rows, int world, double gradient_mib) {
     std::printf("    %-16s %8.1f %13.1f (%5.2f x) %8.1f %13.1f (%5.2f x)\n", name.c_str(), steady, steady_extra,
                 steady_extra / gradient_mib, setup, setup_extra, setup_extra / gradient_mib);
   }
+  for (const auto& row : rows) {  // Adam's state, whole or sharded by ZeRO (issue 26)
+    if (!row.contains("optimizer_state_bytes_per_rank")) continue;
+    const std::string name = row["variant"];
+    if (name != "ours+adam" && name != "ours+zero_adam") continue;
+    std::printf("    %-16s optimizer state per rank (MiB):", name.c_str());
+    for (const auto& bytes : row["optimizer_state_bytes_per_rank"]) {
+      std::printf(" %.2f", bytes.get<double>() / (1 << 20));
+    }
+    std::printf("\n");
+  }
   std::printf("    steady: peak while training after warm-up; setup: peak during construction and the first\n"
               "    steps (includes the one bucket rebuild)\n");
 }
@@ -310,7 +323,8 @@ bool write_report(const Options& o, const std::string& load_at_start) {
       const json raw = json::parse(in);
       std::map<std::string, json> memory;
       if (o.memory && world == memory_world) {
-        for (const auto& spec : all_variants(o.caps, o.view_caps, /*features=*/false, /*hooks=*/false)) {
+        // With features: ours+adam and ours+zero_adam have memory rows too.
+        for (const auto& spec : all_variants(o.caps, o.view_caps, /*features=*/true, /*hooks=*/false)) {
           std::ifstream mem(dir / memory_file(config, world, spec));
           if (mem) memory[spec.id()] = json::parse(mem);
         }

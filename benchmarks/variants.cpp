@@ -99,9 +99,20 @@ struct DetailWhileConstructing {
   bool on;
 };
 
+// SGD, as every other variant; Adam for ours+adam; Adam sharded over the group for ours+zero_adam.
+std::shared_ptr<torch::optim::Optimizer> optimizer_of(const VariantSpec& spec, const std::vector<at::Tensor>& params,
+                                                      const ddp::ProcessGroupPtr& group) {
+  if (spec.kind == Kind::ours_adam) return std::make_shared<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-3));
+  if (spec.kind == Kind::ours_zero_adam) {
+    return std::make_shared<ddp::ZeroRedundancyOptimizer<torch::optim::Adam>>(
+        params, ddp::ZeroRedundancyOptimizerOptions().process_group(group).parameters_as_bucket_view(true),
+        torch::optim::AdamOptions(1e-3));
+  }
+  return std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(1e-3));
+}
+
 Variant ours(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::ProcessGroupPtr& group,
              const VariantSpec& spec) {
-  auto sgd = std::make_shared<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(1e-3));
   const double cap_mb = spec.has_buckets() ? spec.bucket_cap_mb : 25;
   auto options = ddp::DDPOptions()
                      .bucket_cap_mb(cap_mb)
@@ -113,6 +124,7 @@ Variant ours(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::Pro
     DetailWhileConstructing detail(spec.kind == Kind::ours_detail);
     wrapped = std::make_shared<ddp::DistributedDataParallel<BenchNet>>(model, group, options);
   }
+  auto optimizer = optimizer_of(spec, wrapped->parameters(), group);
   switch (spec.kind) {
     case Kind::ours_fp16: wrapped->register_comm_hook(ddp::hooks::fp16_compress()); break;
     case Kind::ours_bf16: wrapped->register_comm_hook(ddp::hooks::bf16_compress()); break;
@@ -140,11 +152,12 @@ Variant ours(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::Pro
     };
   }
   v.step = [=] {
-    sgd->zero_grad();
+    optimizer->zero_grad();
     torch::nn::functional::cross_entropy(wrapped->forward(batch.x), batch.y).backward();
-    sgd->step();
+    optimizer->step();
   };
   v.collectives = [wrapped] { return static_cast<int64_t>(wrapped->reduction_stats().buckets.size()); };
+  v.optimizer_state_bytes = [optimizer] { return ddp::optimizer_state_bytes(*optimizer); };
   return v;
 }
 
@@ -208,6 +221,8 @@ std::string VariantSpec::kind_name() const {
     case Kind::ours_powersgd4: return "ours+powersgd4";
     case Kind::reducer_fp16: return "reducer+fp16";
     case Kind::ours_syncbn: return "ours_syncbn";
+    case Kind::ours_adam: return "ours+adam";
+    case Kind::ours_zero_adam: return "ours+zero_adam";
   }
   return "?";
 }
@@ -228,7 +243,7 @@ VariantSpec parse_variant(const std::string& id) {
                     Kind::ours_gloo, Kind::ours_view,
                     Kind::ours_join, Kind::ours_detail, Kind::ours_auto, Kind::ours_fp16, Kind::ours_bf16,
                     Kind::ours_powersgd1, Kind::ours_powersgd4, Kind::reducer_fp16,
-                    Kind::ours_syncbn}) {
+                    Kind::ours_syncbn, Kind::ours_adam, Kind::ours_zero_adam}) {
     spec.kind = kind;
     if (spec.kind_name() == name) return spec;
   }
@@ -254,6 +269,10 @@ std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std
     specs.push_back({Kind::ours_detail, view_caps.front()});
   }
   if (features) specs.push_back({Kind::ours_auto});
+  if (features) {
+    specs.push_back({Kind::ours_adam, hook_cap(caps)});
+    specs.push_back({Kind::ours_zero_adam, hook_cap(caps)});
+  }
   if (features && batchnorm && !view_caps.empty()) specs.push_back({Kind::ours_syncbn, view_caps.front()});
   if (hooks) {
     for (Kind kind : {Kind::reducer_fp16, Kind::ours_fp16, Kind::ours_bf16, Kind::ours_powersgd1, Kind::ours_powersgd4}) {
@@ -288,7 +307,9 @@ Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, c
     case Kind::ours_bf16:
     case Kind::ours_powersgd1:
     case Kind::ours_powersgd4:
-    case Kind::ours_syncbn: v = ours(model, batch, group, spec); break;
+    case Kind::ours_syncbn:
+    case Kind::ours_adam:
+    case Kind::ours_zero_adam: v = ours(model, batch, group, spec); break;
   }
   v.spec = spec;
   return v;

@@ -33,6 +33,11 @@ enum class Kind {
   ours_powersgd4,  // ours+powersgd4: rank 4
   reducer_fp16,    // reducer+fp16: c10d's built-in FP16_COMPRESS hook, the fair peer of ours+fp16
   ours_syncbn,  // ours on the model with ddp::SyncBatchNorm for every BatchNorm (models with BatchNorm)
+  // The optimizer (issue 26): ours with Adam instead of SGD, and with Adam sharded by
+  // ddp::ZeroRedundancyOptimizer (bucket views on); their ratio is ZeRO's cost per step, their
+  // memory rows the optimizer state each rank holds.
+  ours_adam,       // ours+adam
+  ours_zero_adam,  // ours+zero_adam
 };
 
 struct VariantSpec {
@@ -44,7 +49,8 @@ struct VariantSpec {
 };
 
 // Every kind once, and reducer and ours at each bucket size; ours_view at `view_caps`; with
-// `features`, ours_join and ours_detail at the first view cap and ours_auto, and for a model
+// `features`, ours_join and ours_detail at the first view cap, ours_auto, ours+adam and
+// ours+zero_adam at the hook cap, and for a model
 // with BatchNorm (`batchnorm`) ours_syncbn at the first view cap; with `hooks`, the hook variants
 // at 25 MiB (or the largest cap without 25).
 std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std::vector<double>& view_caps,
@@ -65,6 +71,8 @@ struct Variant {
   std::function<bool()> settled = [] { return true; };
   // What the report prints beside the variant, e.g. ours_auto's chosen cap.
   std::function<std::string()> note = [] { return std::string(); };
+  // The bytes of optimizer state this rank holds (ddp::optimizer_state_bytes), for the memory pass.
+  std::function<int64_t()> optimizer_state_bytes = [] { return int64_t{0}; };
 };
 
 // ours_syncbn trains the SyncBatchNorm model (make_model's sync_batchnorm).

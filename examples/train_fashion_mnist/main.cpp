@@ -28,6 +28,7 @@
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/distributed_sampler.h>
 #include <ddp/launch_environment.h>
+#include <ddp/zero_redundancy_optimizer.h>
 #include "fashion_mnist.h"
 #include <ddp/metrics.h>
 #include <ddp/process_group.h>
@@ -59,6 +60,7 @@ struct Options {
   std::string comm_hook = "none";  // none, fp16, bf16, powersgd
   int64_t powersgd_rank = 2;
   int64_t powersgd_start_iter = 10;
+  bool zero = false;  // Adam's state sharded over the ranks (ZeroRedundancyOptimizer)
 };
 
 
@@ -198,7 +200,16 @@ int run(const Options& options) {
   auto net = std::make_shared<Net>();
   ddp::DistributedDataParallel model(net, pg, ddp::DDPOptions().bucket_cap_mb(options.bucket_cap_mb).first_bucket_cap_mb(options.first_bucket_cap_mb));
   register_comm_hook(model, options);
-  torch::optim::Adam optimizer(model.parameters(), torch::optim::AdamOptions(options.lr));
+  // --zero: each rank keeps Adam's state for its shard of the parameters only (ZeRO stage 1); the
+  // updates are the same as plain Adam's.
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (options.zero) {
+    optimizer = std::make_unique<ddp::ZeroRedundancyOptimizer<torch::optim::Adam>>(
+        model.parameters(), ddp::ZeroRedundancyOptimizerOptions().process_group(pg), torch::optim::AdamOptions(options.lr));
+  } else {
+    optimizer = std::make_unique<torch::optim::Adam>(model.parameters(), torch::optim::AdamOptions(options.lr));
+  }
+  auto* zero = dynamic_cast<ddp::ZeroRedundancyOptimizerBase*>(optimizer.get());
 
   ddp::DistributedSampler sampler(*train.size(), ddp::DistributedSamplerOptions()
                                                      .num_replicas(world).rank(rank).shuffle(true).seed(options.seed));
@@ -211,7 +222,7 @@ int run(const Options& options) {
   // Resume from the newest checkpoint: model, optimizer and where the sampler stood. Rank 0 looks
   // for it and every rank follows, so all resume or all start fresh.
   if (!options.checkpoint_dir.empty()) {
-    const auto restored = ddp::load_checkpoint_if_exists(options.checkpoint_dir, model, &optimizer);
+    const auto restored = ddp::load_checkpoint_if_exists(options.checkpoint_dir, model, optimizer.get());
     if (restored.loaded) {
       check_run(restored.path, restored.state, options);
       start_epoch = static_cast<int>(restored.state.sampler.epoch);
@@ -234,10 +245,10 @@ int run(const Options& options) {
 
   if (leader) {
     std::printf("train_fashion_mnist: world %d (%s), batch %lld per rank (%lld global), lr %g, %zu train / %zu test "
-                "samples, %d thread(s) per rank, comm hook %s\n",
+                "samples, %d thread(s) per rank, comm hook %s, optimizer %s\n",
                 world, ddp::transport().c_str(), static_cast<long long>(options.batch_size),
                 static_cast<long long>(options.batch_size * world), options.lr, *train.size(), *test.size(),
-                options.threads, options.comm_hook.c_str());
+                options.threads, options.comm_hook.c_str(), zero ? "Adam (ZeRO: state sharded over the ranks)" : "Adam");
   }
   // On a terminal: ours, or ddprun's, which shows our "\r" redraws live (launch/README.md).
   const char* ddprun_terminal = std::getenv("DDPRUN_TERMINAL");
@@ -252,11 +263,11 @@ int run(const Options& options) {
     for (auto& batch : *loader) {
       auto output = model.forward(batch.data);
       auto loss = F::cross_entropy(output, batch.target);
-      optimizer.zero_grad();
+      optimizer->zero_grad();
       loss.backward();  // averaged gradients arrive here
       {
         ddp::TimelineSpan span("optimizer.step");  // a row of its own in a TORCHDDP_TIMELINE trace
-        optimizer.step();
+        optimizer->step();
       }
       const double n = static_cast<double>(batch.data.size(0));
       const double loss_value = loss.item<double>();
@@ -278,7 +289,8 @@ int run(const Options& options) {
     if (!options.checkpoint_dir.empty()) {
       const ddp::TrainingState state{epoch + 1, /*global_step*/ 0, ddp::SamplerState{epoch + 1, 0},
                                      {{"run_id", run_identity(options)}}};
-      ddp::save_checkpoint(ddp::checkpoint_path(options.checkpoint_dir, epoch + 1), model, &optimizer, state,
+      if (zero) zero->consolidate_state_dict(0);  // every rank: rank 0 writes the whole state
+      ddp::save_checkpoint(ddp::checkpoint_path(options.checkpoint_dir, epoch + 1), model, optimizer.get(), state,
                            ddp::CheckpointOptions().keep_last(2));
     }
 #endif
@@ -326,6 +338,9 @@ int main(int argc, char** argv) {
   app.add_option("--powersgd-rank", options.powersgd_rank, "PowerSGD's matrix_approximation_rank")->check(positive);
   app.add_option("--powersgd-start-iter", options.powersgd_start_iter,
                  "steps of plain allreduce before PowerSGD starts (> 1)")->check(CLI::Range(2, 1 << 30));
+  app.add_flag("--zero", options.zero,
+               "shard Adam's state over the ranks (ZeroRedundancyOptimizer, ZeRO stage 1): the same updates, about "
+               "1/world of the optimizer memory per rank");
   if (const auto exit_code = examples::parse_command_line(app, argc, argv)) return *exit_code;
   try {
     return run(options);

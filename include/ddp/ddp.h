@@ -2,7 +2,7 @@
 // Umbrella header: everything torchddp offers. It lives above the library's parts, so none of
 // them includes another from above. The layers (the build enforces them, tests/layers checks):
 //   ddp/floor   process groups, rendezvous, collectives, launch environment, metrics, Stateful
-//   ddp/engine  DistributedDataParallel: reducer, comm hooks, PowerSGD, Join, timeline (on the floor)
+//   ddp/engine  DistributedDataParallel: reducer, comm hooks, PowerSGD, Join, timeline, ZeRO (on the floor)
 //   sampler/, checkpoint/, amp/, nn/   each on the floor only
 #include <ddp/version.h>
 
@@ -14,13 +14,14 @@
 #include <ddp/stateful.h>
 #include <ddp/wait_collective.h>
 
-// ddp/engine: DistributedDataParallel and what plugs into it
+// ddp/engine: DistributedDataParallel and what plugs into it (ZeroRedundancyOptimizer too)
 #include <ddp/comm_hooks.h>
 #include <ddp/ddp_options.h>
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/join.h>
 #include <ddp/logging.h>
 #include <ddp/powersgd.h>
+#include <ddp/zero_redundancy_optimizer.h>
 
 // sampler/: DistributedSampler, its resumable state, and the loader that counts what the program received
 #include <ddp/data_loader.h>

@@ -30,6 +30,9 @@
 #   main_job_test.sh filestore TRAIN        2 ranks started by hand (RANK, WORLD_SIZE) meeting over
 #                                           --init-method file://: the Windows launch path (no launcher,
 #                                           no TCP store), run here on Linux
+#   main_job_test.sh zero DDPRUN TRAIN      --zero (Adam's state sharded, ZeroRedundancyOptimizer): 2
+#                                           epochs at 2 ranks, the second resumed from the first's
+#                                           checkpoint, print the same figures as plain Adam straight
 #   main_job_test.sh identity DDPRUN TRAIN  a checkpoint names the run that wrote it: another run
 #                                           resumes it only with --resume-from-other-run; a restart
 #                                           by ddprun --max-restarts (same run id) resumes
@@ -299,6 +302,29 @@ case $mode in
     grep -Eq "^epoch 2/2: train loss [0-9.]+ .*\(10000 samples\)" <<<"$out" || fail "epoch 2 not trained"
     [ "$(grep -c '^epoch [0-9]*/2:' <<<"$out")" = 1 ] || fail "expected exactly one epoch line"
     [ -f "$dir/checkpoint-00000002.pt" ] || fail "no checkpoint-00000002.pt after epoch 2: $(ls "$dir")"
+    ;;
+
+  zero)
+    ddprun=$1 train=$2
+    dir=$(mktemp -d)
+    trap 'rm -rf "$dir"' EXIT
+    # The figures of each epoch without the throughput (it differs run to run) and the epoch count.
+    figures() {
+      grep -Eo 'epoch [0-9]/[0-9]: train loss [0-9.]+ acc [0-9.]+% \| test loss [0-9.]+ acc [0-9.]+% \(10000 samples\)' <<<"$1" |
+        sed 's#/[0-9]:#:#'
+    }
+    run2() { "$ddprun" --standalone --nproc-per-node 2 -- "$train" "${small[@]}" "$@" 2>&1; }
+    out=$(run2 --epochs 2) || fail "plain Adam: exit code $?"
+    plain=$(figures "$out")
+    [ "$(wc -l <<<"$plain")" = 2 ] || fail "plain Adam: expected two epoch lines"
+    out=$(run2 --epochs 1 --zero --checkpoint-dir "$dir" --run-id zero-test) || fail "ZeRO, epoch 1: exit code $?"
+    grep -q "optimizer Adam (ZeRO: state sharded over the ranks)" <<<"$out" || fail "ZeRO not named on the first line"
+    first=$(figures "$out")
+    out=$(run2 --epochs 2 --zero --checkpoint-dir "$dir" --run-id zero-test) || fail "ZeRO, epoch 2: exit code $?"
+    grep -q "resumed from $dir/checkpoint-00000001.pt at epoch 2" <<<"$out" || fail "ZeRO did not resume its checkpoint"
+    zero=$(printf '%s\n%s' "$first" "$(figures "$out")")
+    [ "$zero" = "$plain" ] || fail "ZeRO's figures differ from plain Adam's: $zero vs $plain"
+    echo "PASS: zero"
     ;;
 
   refusals)

@@ -1,0 +1,129 @@
+// ZeroRedundancyOptimizer's whole state: consolidate_state_dict gathers every rank's shard on one
+// rank; save writes it in Optim's own format (a plain Optim over the same groups reads it); load
+// reads such a state and keeps this rank's shard. Shards travel as Optim's own serialization of
+// the shard optimizer, so whatever state type Optim has, it arrives intact (PyTorch pickles the
+// local state_dict the same way, _broadcast_object).
+#include <ddp/zero_redundancy_optimizer.h>
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include "compat.h"
+#include "error_text.h"
+#include "optimizer_state.h"
+
+namespace ddp {
+
+namespace {
+
+constexpr char kWho[] = "ZeroRedundancyOptimizer";
+
+std::string serialized(const torch::optim::Optimizer& optimizer) {
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  std::ostringstream bytes;
+  archive.save_to(bytes);
+  return bytes.str();
+}
+
+// Rank `root`'s bytes to every rank (PyTorch uses broadcast, not gather, the same way): the
+// length first, then the bytes. `bytes` is read on `root` and written on the others.
+void broadcast_bytes(std::string& bytes, int root, const ProcessGroupPtr& group) {
+  const c10::Device device = collective_device(group);
+  at::Tensor length = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong).to(device);
+  broadcast(length, root, group);
+  const int64_t size = length.cpu().item<int64_t>();
+  at::Tensor data = group->getRank() == root
+                        ? at::from_blob(bytes.data(), {size}, at::kByte).clone().to(device)
+                        : at::empty({size}, at::TensorOptions().dtype(at::kByte).device(device));
+  broadcast(data, root, group);
+  if (group->getRank() != root) {
+    const at::Tensor host = data.cpu().contiguous();
+    bytes.assign(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()), static_cast<size_t>(size));
+  }
+}
+
+// Moves every state entry of `from` to `to`; both are over the same parameter tensors, so an
+// entry's key (its parameter's address) is the same in both.
+void move_states(torch::optim::Optimizer& from, torch::optim::Optimizer& to) {
+  for (auto& entry : from.state()) to.state()[entry.first] = std::move(entry.second);
+  from.state().clear();
+}
+
+}  // namespace
+
+// An Optim over every parameter group, with the groups' current options and no state.
+std::unique_ptr<torch::optim::Optimizer> ZeroRedundancyOptimizerBase::whole_state_optimizer() const {
+  return make_optimizer_(std::vector<torch::optim::OptimizerParamGroup>(param_groups_.begin(), param_groups_.end()));
+}
+
+void ZeroRedundancyOptimizerBase::consolidate_state_dict(int to) {
+  if (to < 0 || to >= world_size_) {
+    raise<std::invalid_argument>(kWho, "consolidate_state_dict(to=" + std::to_string(to) +
+                                           "): `to` must be a rank of the group, 0 to " +
+                                           std::to_string(world_size_ - 1));
+  }
+  // The options a scheduler set are part of the state (PyTorch syncs them first too).
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    local_->param_groups()[g].set_options(param_groups_[g].options().clone());
+  }
+  // Rank by rank: the owner serializes its shard optimizer, `to` reads it into an Optim over the
+  // same shard (same parameters, same order: the partition is the same everywhere) and takes its
+  // entries. Every rank takes part in every broadcast.
+  std::unique_ptr<torch::optim::Optimizer> whole = rank_ == to ? whole_state_optimizer() : nullptr;
+  for (int r = 0; r < world_size_; ++r) {
+    std::string bytes = r == rank_ ? serialized(*local_) : std::string();
+    if (r != to) broadcast_bytes(bytes, r, group_);
+    if (rank_ != to) continue;
+    auto shard = make_optimizer_(groups_of_rank(r));
+    torch::serialize::InputArchive archive;
+    archive.load_from(bytes.data(), bytes.size());
+    shard->load(archive);
+    move_states(*shard, *whole);
+  }
+  consolidated_ = std::move(whole);
+  consolidated_at_ = steps_;
+}
+
+void ZeroRedundancyOptimizerBase::save(torch::serialize::OutputArchive& archive) const {
+  if (!consolidated_) {
+    throw std::runtime_error("Optimizer state has not been consolidated on this rank. Please call "
+                             "`consolidate_state_dict(to=" + std::to_string(rank_) +
+                             ")` on all ranks beforehand if you meant to save the global state.");
+  }
+  if (consolidated_at_ != steps_) {
+    raise<std::runtime_error>(kWho, "the state was consolidated after step " + std::to_string(consolidated_at_) +
+                                        " and step() has run " + std::to_string(steps_ - consolidated_at_) +
+                                        " time(s) since: call consolidate_state_dict(to=" + std::to_string(rank_) +
+                                        ") on all ranks again right before saving");
+  }
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    consolidated_->param_groups()[g].set_options(param_groups_[g].options().clone());
+  }
+  consolidated_->save(archive);
+}
+
+// Reads the whole state into an Optim over every group (Optim's load checks the group sizes and
+// maps saved entries to parameters by position), then keeps this rank's parameters' entries, each
+// moved to its parameter's device. As LibTorch's Optimizer::load, the groups' options (lr, ...)
+// are not read: the ones the optimizer was constructed with stay.
+void ZeroRedundancyOptimizerBase::load(torch::serialize::InputArchive& archive) {
+  auto whole = whole_state_optimizer();
+  whole->load(archive);
+  auto& loaded = whole->state();
+  auto& mine = local_->state();
+  mine.clear();
+  for (const auto& param : params_per_rank_[static_cast<size_t>(rank_)]) {
+    const auto found = loaded.find(compat::optimizer_state_key(loaded, param));
+    if (found == loaded.end()) continue;  // never stepped when saved: no state yet
+    detail::move_state_tensors(*found->second, param.device());
+    mine[compat::optimizer_state_key(mine, param)] = std::move(found->second);
+  }
+  consolidated_.reset();  // a snapshot of the state before the load
+}
+
+}  // namespace ddp

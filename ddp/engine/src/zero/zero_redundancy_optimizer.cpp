@@ -1,0 +1,320 @@
+// ZeroRedundancyOptimizer: the partition, the local optimizer over this rank's shard, and the step
+// (local update, then every shard broadcast from its owner). Consolidation, save and load are in
+// consolidate.cpp.
+#include <ddp/zero_redundancy_optimizer.h>
+
+#include <algorithm>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+#include <c10/core/ScalarType.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <ddp/wait_collective.h>
+
+#include "debug_level.h"
+#include "desync.h"
+#include "error_text.h"
+#include "optimizer_state.h"
+#include "zero/partition.h"
+
+namespace ddp {
+
+namespace {
+
+constexpr char kWho[] = "ZeroRedundancyOptimizer";
+
+// PyTorch's torch.typename of a tensor (its legacy type name), which its messages print.
+std::string type_name(const at::Tensor& tensor) {
+  const std::string scalar = c10::toString(tensor.scalar_type());
+  const std::string device = tensor.is_cuda() ? "cuda." : "";
+  const std::string layout = tensor.is_sparse() ? "sparse." : "";
+  return "torch." + device + layout + scalar + "Tensor";
+}
+
+// The checks PyTorch's constructor and torch.optim.Optimizer.add_param_group make, on every group
+// given so far (`existing`) plus `added`. Throws std::invalid_argument naming the parameter.
+void check_parameters(const std::vector<torch::optim::OptimizerParamGroup>& existing,
+                      const std::vector<torch::optim::OptimizerParamGroup>& added) {
+  const at::Tensor* first = nullptr;
+  std::set<const c10::TensorImpl*> seen;
+  size_t g = 0;
+  for (const auto* groups : {&existing, &added}) {
+    for (const auto& group : *groups) {
+      for (size_t i = 0; i < group.params().size(); ++i) {
+        const at::Tensor& param = group.params()[i];
+        const std::string where = "parameter " + std::to_string(i) + " of group " + std::to_string(g);
+        if (!param.defined()) raise<std::invalid_argument>(kWho, where + " is an undefined tensor");
+        if (first == nullptr) first = &param;
+        if (param.is_sparse()) {
+          raise<std::invalid_argument>(kWho, "only supports using the same dense type for all parameters but got " +
+                                                 type_name(param) + " (" + where + ")");
+        }
+        if (type_name(param) != type_name(*first)) {
+          raise<std::invalid_argument>(kWho, "only supports using the same dense type for all parameters but got both " +
+                                                 type_name(*first) + " and " + type_name(param) + " (" + where +
+                                                 "); convert the model to one dtype first");
+        }
+        if (!seen.insert(param.unsafeGetTensorImpl()).second) {
+          raise<std::invalid_argument>(kWho, "some parameters appear in more than one parameter group (" + where +
+                                                 " was given before); list each parameter once");
+        }
+      }
+      ++g;
+    }
+  }
+  if (first == nullptr) raise<std::invalid_argument>(kWho, "got an empty parameter list");
+}
+
+std::vector<torch::optim::OptimizerParamGroup> checked(std::vector<torch::optim::OptimizerParamGroup> groups,
+                                                       const ZeroRedundancyOptimizerOptions& options) {
+  if (options.overlap_with_ddp()) {
+    raise<std::invalid_argument>(kWho, "overlap_with_ddp(true) is not supported yet; construct it with "
+                                       "overlap_with_ddp(false) and call step() after backward()");
+  }
+  check_parameters({}, groups);
+  return groups;
+}
+
+ProcessGroupPtr resolve(const ProcessGroupPtr& group) { return group ? group : default_group(); }
+
+c10d::BroadcastOptions from(int root) {
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  return options;
+}
+
+}  // namespace
+
+// parameters_as_bucket_view: per device, per rank, one flat tensor holding that rank's trainable
+// parameters (their data are views of it), broadcast from that rank.
+struct ZeroRedundancyOptimizerBase::Buckets {
+  struct Bucket {
+    int root;
+    at::Tensor flat;
+  };
+  std::vector<Bucket> buckets;
+};
+
+ZeroRedundancyOptimizerBase::ZeroRedundancyOptimizerBase(std::vector<torch::optim::OptimizerParamGroup> param_groups,
+                                                         std::unique_ptr<torch::optim::OptimizerOptions> defaults,
+                                                         ZeroRedundancyOptimizerOptions options,
+                                                         OptimizerFactory make_optimizer)
+    : torch::optim::Optimizer(checked(std::move(param_groups), options), std::move(defaults)),
+      options_(std::move(options)),
+      make_optimizer_(std::move(make_optimizer)),
+      group_(resolve(options_.process_group())),
+      rank_(group_->getRank()),
+      world_size_(group_->getSize()) {
+  partition();
+  local_ = make_optimizer_(groups_of_rank(rank_));
+  build_buckets();
+}
+
+ZeroRedundancyOptimizerBase::~ZeroRedundancyOptimizerBase() = default;
+
+// Every rank computes the same partition from the same parameters (detail/partition.h).
+void ZeroRedundancyOptimizerBase::partition() {
+  std::vector<std::vector<int64_t>> numels;
+  for (const auto& group : param_groups_) {
+    numels.emplace_back();
+    for (const auto& param : group.params()) numels.back().push_back(param.numel());
+  }
+  const auto owners = detail::partition_parameters(numels, world_size_);
+  params_per_group_per_rank_.assign(static_cast<size_t>(world_size_),
+                                    std::vector<std::vector<at::Tensor>>(param_groups_.size()));
+  params_per_rank_.assign(static_cast<size_t>(world_size_), {});
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    for (size_t i = 0; i < param_groups_[g].params().size(); ++i) {
+      const auto r = static_cast<size_t>(owners[g][i]);
+      params_per_group_per_rank_[r][g].push_back(param_groups_[g].params()[i]);
+      params_per_rank_[r].push_back(param_groups_[g].params()[i]);
+    }
+  }
+}
+
+// Rank `rank`'s groups, each with its group's current options (a rank may own none of a group's
+// parameters: its group is then empty, so group g is group g on every rank).
+std::vector<torch::optim::OptimizerParamGroup> ZeroRedundancyOptimizerBase::groups_of_rank(int rank) const {
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    groups.emplace_back(params_per_group_per_rank_[static_cast<size_t>(rank)][g], param_groups_[g].options().clone());
+  }
+  return groups;
+}
+
+int ZeroRedundancyOptimizerBase::rank_of(const at::Tensor& param) const {
+  for (int r = 0; r < world_size_; ++r) {
+    for (const auto& owned : params_per_rank_[static_cast<size_t>(r)]) {
+      if (owned.is_same(param)) return r;
+    }
+  }
+  raise<std::invalid_argument>(kWho, "rank_of: the tensor is not one of the optimized parameters");
+}
+
+// Flat tensors per device and rank; the trainable parameters' data become views of them. Built at
+// construction, after add_param_group, and when a parameter's requires_grad changed (a frozen
+// parameter is not broadcast: its data gets a copy of its own, as in PyTorch).
+void ZeroRedundancyOptimizerBase::build_buckets() {
+  trainable_.clear();
+  for (const auto& group : param_groups_) {
+    for (const auto& param : group.params()) trainable_.push_back(param.requires_grad());
+  }
+  if (!options_.parameters_as_bucket_view()) return;
+  at::NoGradGuard no_grad;
+  auto buckets = std::make_unique<Buckets>();
+  std::vector<c10::Device> devices;  // in order of first appearance
+  for (const auto& group : param_groups_) {
+    for (const auto& param : group.params()) {
+      if (std::find(devices.begin(), devices.end(), param.device()) == devices.end()) devices.push_back(param.device());
+    }
+  }
+  for (const auto& device : devices) {
+    for (int r = 0; r < world_size_; ++r) {
+      std::vector<at::Tensor> members;
+      int64_t numel = 0;
+      for (const auto& param : params_per_rank_[static_cast<size_t>(r)]) {
+        if (param.device() != device) continue;
+        if (!param.requires_grad()) {
+          param.set_data(param.detach().clone());
+          continue;
+        }
+        members.push_back(param);
+        numel += param.numel();
+      }
+      if (members.empty()) continue;  // the same on every rank: nothing to broadcast
+      at::Tensor flat = at::empty({numel}, members.front().options().requires_grad(false));
+      int64_t offset = 0;
+      for (auto& param : members) {
+        at::Tensor view = flat.narrow(0, offset, param.numel()).view(param.sizes());
+        view.copy_(param.detach());
+        param.set_data(view);
+        offset += param.numel();
+      }
+      buckets->buckets.push_back({r, std::move(flat)});
+    }
+  }
+  buckets_ = std::move(buckets);
+}
+
+void ZeroRedundancyOptimizerBase::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
+  check_parameters(param_groups_, {param_group});
+  torch::optim::Optimizer::add_param_group(param_group);
+  // The earlier groups keep their owners (partition.h), so the local optimizer keeps its groups
+  // and state and only gains this rank's part of the new group.
+  partition();
+  const size_t g = param_groups_.size() - 1;
+  local_->add_param_group(torch::optim::OptimizerParamGroup(params_per_group_per_rank_[static_cast<size_t>(rank_)][g],
+                                                            param_groups_[g].options().clone()));
+  consolidated_.reset();  // it has one group fewer
+  build_buckets();
+}
+
+// 1. options to the local groups, 2. the local step (rebuilding the buckets first if a parameter
+// was frozen or unfrozen since they were built).
+at::Tensor ZeroRedundancyOptimizerBase::step_shard(const LossClosure& closure) {
+  size_t k = 0;
+  bool changed = false;
+  for (const auto& group : param_groups_) {
+    for (const auto& param : group.params()) changed |= (param.requires_grad() != trainable_[k++]);
+  }
+  if (changed) build_buckets();
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    local_->param_groups()[g].set_options(param_groups_[g].options().clone());
+  }
+  return local_->step(closure);
+}
+
+// 3. Every shard from its owner: all broadcasts launched in one order every rank shares, then
+// waited on, each through wait_collective (a dead or stuck peer is an error naming it).
+void ZeroRedundancyOptimizerBase::broadcast_shards() {
+  at::NoGradGuard no_grad;
+  struct Launched {
+    int root;
+    at::Tensor tensor;
+    at::Tensor param;  // set when `tensor` is a contiguous copy of it
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  std::vector<Launched> launched;
+  if (buckets_) {
+    for (const auto& bucket : buckets_->buckets) launched.push_back({bucket.root, bucket.flat, {}, {}});
+  } else {
+    for (int r = 0; r < world_size_; ++r) {
+      for (const auto& param : params_per_rank_[static_cast<size_t>(r)]) {
+        at::Tensor data = param.detach();
+        if (data.is_contiguous()) {
+          launched.push_back({r, data, {}, {}});
+        } else {
+          launched.push_back({r, data.contiguous(), data, {}});
+        }
+      }
+    }
+  }
+  if (launched.empty()) return;  // every parameter frozen: the same on every rank
+  if (detail::debug_level() == detail::DebugLevel::kDetail) {
+    int64_t numel = 0;
+    for (const auto& item : launched) numel += item.tensor.numel();
+    detail::verify_same_collective(group_,
+                                   {detail::CollectiveOp::kBroadcast, steps_, launched.front().tensor.scalar_type(),
+                                    numel, -1, steps_, -1},
+                                   "ZeroRedundancyOptimizer: the broadcast of every shard");
+  }
+  for (auto& item : launched) {
+    std::vector<at::Tensor> tensors{item.tensor};
+    item.work = group_->broadcast(tensors, from(item.root));
+  }
+  for (size_t i = 0; i < launched.size(); ++i) {
+    auto& item = launched[i];
+    wait_collective(item.work, [&] {
+      return std::string(kWho) + ": broadcast " + std::to_string(i + 1) + " of " + std::to_string(launched.size()) +
+             " of step " + std::to_string(steps_ + 1) + " (rank " + std::to_string(item.root) + "'s shard)";
+    });
+    if (item.param.defined()) item.param.copy_(item.tensor);
+  }
+}
+
+at::Tensor ZeroRedundancyOptimizerBase::step(LossClosure closure) {
+  if (join_ != nullptr) {
+    if (join_index_ == 0) {
+      raise<std::invalid_argument>(kWho, "under ddp::Join, list the DistributedDataParallel model before the "
+                                         "optimizer (ddp::Join join({model, optimizer})): the model's collectives "
+                                         "run first in every iteration");
+    }
+    join_->notify(join_index_, /*sync=*/true);
+  }
+  at::Tensor loss = step_shard(closure);
+  broadcast_shards();
+  ++steps_;
+  return loss;
+}
+
+void ZeroRedundancyOptimizerBase::join_attach(Join* join, size_t index) {
+  join_ = join;
+  join_index_ = index;
+}
+
+// The active ranks step after each backward that synchronized gradients; DDP's shadow pass has
+// just given this rank the same averaged gradients, so stepping its shard keeps it in step.
+void ZeroRedundancyOptimizerBase::join_shadow(const JoinStatus& status) {
+  if (!status.sync) return;
+  step_shard(nullptr);
+  broadcast_shards();
+  ++steps_;
+}
+
+int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
+  if (const auto* zero = dynamic_cast<const ZeroRedundancyOptimizerBase*>(&optimizer)) {
+    return optimizer_state_bytes(zero->local_optimizer());
+  }
+  int64_t bytes = 0;
+  for (const auto& entry : optimizer.state()) {
+    detail::for_each_state_tensor(*entry.second, [&](const at::Tensor& tensor) {
+      if (tensor.defined()) bytes += static_cast<int64_t>(tensor.nbytes());
+    });
+  }
+  return bytes;
+}
+
+}  // namespace ddp
