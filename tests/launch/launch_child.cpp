@@ -130,7 +130,9 @@ int main(int argc, char** argv) {
     const bool stubborn = argc > 4 && std::string(argv[4]) == "stubborn";
     if (stubborn) signal(SIGTERM, SIG_IGN);
     std::cout << "started rank " << rank() << " pid=" << getpid() << std::endl;
-    sleep_s(0.3);
+    // Long enough for every other rank to have started and said so (loading LibTorch takes a
+    // second or more on a loaded machine): tests read every rank's "started" line.
+    sleep_s(2.0);
     if (rank() == std::atoi(argv[2])) {
       std::cerr << "rank " << rank() << " giving up with code " << argv[3] << std::endl;
       return std::atoi(argv[3]);
