@@ -47,6 +47,18 @@ fail() {
   exit 1
 }
 
+# Waits at most $1 s for ddprun ($launcher, output in $log) to end after what $2 says happened
+# just now; sets took (seconds), out (its output) and code (its exit code).
+await_launcher() {
+  local since=$SECONDS
+  for _ in $(seq $(($1 * 10))); do kill -0 $launcher 2>/dev/null || break; sleep 0.1; done
+  took=$((SECONDS - since))
+  out=$(cat "$log")
+  kill -0 $launcher 2>/dev/null && fail "ddprun still running $1 s after $2"
+  wait $launcher
+  code=$?
+}
+
 # A small slice of the training set keeps each run short; evaluation always uses all 10000.
 small=(--limit-train 640 --batch-size 32)
 epoch_line='epoch 1/1: train loss [0-9.]+ acc [0-9.]+% \| test loss [0-9.]+ acc [0-9.]+% \(10000 samples\) \| [0-9]+ samples/s'
@@ -185,13 +197,7 @@ case $mode in
       [[ -n $victim_pid && -n $run_id ]] || { out=$(cat "$log"); fail "rank $victim's process or run id not found"; }
       ls /dev/shm | grep -q "^torchddp-$run_id" && { out=$(cat "$log"); fail "segments of the job stayed in /dev/shm while it ran"; }
       kill -KILL "$victim_pid"
-      killed_at=$SECONDS
-      for _ in $(seq 300); do kill -0 $launcher 2>/dev/null || break; sleep 0.1; done
-      took=$((SECONDS - killed_at))
-      out=$(cat "$log")
-      kill -0 $launcher 2>/dev/null && fail "ddprun still running 30 s after rank $victim was killed"
-      wait $launcher
-      code=$?
+      await_launcher 30 "rank $victim was killed"
       [[ $code != 0 ]] || fail "ddprun exited 0 although rank $victim was killed"
       grep -q "rank $victim (local rank $victim on node 0, pid $victim_pid) was killed by signal 9 (SIGKILL)" <<<"$out" ||
         fail "ddprun did not name rank $victim as killed"
@@ -225,13 +231,7 @@ case $mode in
     done
     [[ -n $frozen_pid ]] || { out=$(cat "$log"); fail "rank $victim's process not found"; }
     kill -STOP "$frozen_pid"
-    frozen_at=$SECONDS
-    for _ in $(seq 1200); do kill -0 $launcher 2>/dev/null || break; sleep 0.1; done
-    took=$((SECONDS - frozen_at))
-    out=$(cat "$log")
-    kill -0 $launcher 2>/dev/null && fail "ddprun still running 120 s after rank $victim froze"
-    wait $launcher
-    code=$?
+    await_launcher 120 "rank $victim froze"
     [[ $code != 0 ]] || fail "the job succeeded with a frozen rank"
     ((took <= 30)) || fail "the job ended $took s after rank $victim froze; --timeout was 5 s"
     grep -q "hung past the timeout" <<<"$out" || fail "no rank said a peer hung past the timeout"
