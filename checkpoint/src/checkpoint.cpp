@@ -463,7 +463,10 @@ void load_contents(const std::vector<char>& zip, const std::string& path, const 
                     options.strict(), "checkpoint " + path);
   } else if (!contents.models.empty()) {
     const NamedStateDicts models = parse_nested_state_dict_archive(zip, path, options.map_location());
-    for (const auto& [name, module] : contents.models) {
+    for (const auto& named_model : contents.models) {
+      // Named, not a structured binding: clang before 16 cannot capture a binding in a lambda.
+      const std::string& name = named_model.first;
+      const auto& module = named_model.second;
       auto found = std::find_if(models.begin(), models.end(), [&](const auto& model) { return model.first == name; });
       if (found == models.end()) {
         throw CheckpointError("checkpoint " + path + " holds no model named \"" + name +
@@ -472,7 +475,9 @@ void load_contents(const std::vector<char>& zip, const std::string& path, const 
       load_state_dict(*module, found->second, options.strict(), "checkpoint " + path + " (model \"" + name + "\")");
     }
   }
-  for (const auto& [name, optimizer] : contents.optimizers) {
+  for (const auto& named_optimizer : contents.optimizers) {
+    const std::string& name = named_optimizer.first;
+    const auto& optimizer = named_optimizer.second;
     auto found = std::find_if(saved.optimizers.begin(), saved.optimizers.end(),
                               [&](const SavedOptimizer& entry) { return entry.name == name; });
     if (found == saved.optimizers.end()) {
