@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <sstream>
 #include <stdexcept>
+#include <type_traits>
+#include <unordered_map>
 
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
@@ -161,6 +163,33 @@ Variant ours(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::Pro
   return v;
 }
 
+// c10d::Reducer's constructor by release (checked: reducer.hpp of 1.13, 2.6 and 2.15): 1.13 and 2.6
+// take the per-bucket size limits third and default everything after first_bucket_bytes_cap; 2.15
+// takes no limits and requires skip_all_reduce_unused_params, use_python_reducer and
+// bucket_bytes_cap_list (empty: its own rule when rebuilding, what Python DDP passes by default).
+// Chosen by which constructor exists, not by a version number.
+template <typename Limits>
+std::shared_ptr<c10d::Reducer> make_reducer(const std::vector<at::Tensor>& params,
+                                            const std::vector<std::vector<size_t>>& indices, const Limits& limits,
+                                            const ddp::ProcessGroupPtr& group, const std::vector<bool>& sparse,
+                                            size_t cap, size_t first) {
+  using Names = std::unordered_map<size_t, std::string>;
+  using Reducer = std::conditional_t<sizeof(Limits) != 0, c10d::Reducer, void>;  // dependent: one branch compiles
+  constexpr bool takes_limits =
+      std::is_constructible_v<Reducer, std::vector<at::Tensor>, std::vector<std::vector<size_t>>, Limits,
+                              ddp::ProcessGroupPtr, std::vector<bool>, int64_t, bool, bool, Names, int64_t>;
+  const auto bytes = static_cast<int64_t>(cap), first_bytes = static_cast<int64_t>(first);
+  if constexpr (takes_limits) {
+    return std::make_shared<Reducer>(params, indices, limits, group, sparse, bytes, /*find_unused_parameters=*/false,
+                                     /*gradient_as_bucket_view=*/false, Names{}, first_bytes);
+  } else {
+    return std::make_shared<Reducer>(params, indices, group, sparse, bytes, /*find_unused_parameters=*/false,
+                                     /*gradient_as_bucket_view=*/false, Names{}, first_bytes,
+                                     /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
+                                     /*bucket_bytes_cap_list=*/std::vector<int64_t>{});
+  }
+}
+
 // Drives c10d::Reducer the way torch/nn/parallel/distributed.py (1.13) does: buckets from
 // compute_bucket_assignment_by_size([first cap, cap]) reversed; per step prepare_for_forward,
 // rebuild_buckets (once, in observed order), buffer broadcast, forward, prepare_for_backward.
@@ -174,10 +203,7 @@ Variant reducer(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::
   auto [indices, limits] = c10d::compute_bucket_assignment_by_size(params, {first, cap}, sparse);
   std::reverse(indices.begin(), indices.end());
   std::reverse(limits.begin(), limits.end());
-  auto engine = std::make_shared<c10d::Reducer>(params, indices, limits, group, sparse, cap,
-                                                /*find_unused_parameters=*/false,
-                                                /*gradient_as_bucket_view=*/false,
-                                                std::unordered_map<size_t, std::string>{}, first);
+  auto engine = make_reducer(params, indices, limits, group, sparse, cap, first);
   // What Python's model.register_comm_hook(None, default_hooks.fp16_compress_hook) becomes in C++.
   if (fp16) engine->register_builtin_comm_hook(c10d::BuiltinCommHookType::FP16_COMPRESS);
   // Python DDP broadcasts buffers (BatchNorm statistics) from rank 0 before every forward, as ours

@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/autograd/variable.h>
 
 #define DDP_TORCH_AT_LEAST(major, minor) \
   (TORCH_VERSION_MAJOR > (major) || (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
@@ -156,6 +157,31 @@ typename StateMap::key_type optimizer_state_key(const StateMap&, const at::Tenso
     return text.str();
   } else {
     return param.unsafeGetTensorImpl();
+  }
+}
+
+// A parameter's gradient accumulator as torch::autograd::impl::grad_accumulator returns it: a
+// std::shared_ptr<Node> in 1.13 and 2.6, a c10::intrusive_ptr<Node> in 2.15 (checked: their
+// autograd/variable.h). Either has get(), operator bool and -> and compares with its own kind.
+using GradAccumulatorPtr = decltype(torch::autograd::impl::grad_accumulator(std::declval<const at::Tensor&>()));
+
+// c10d::Store::clone(), "a thread safe copy of this store object that points to the same
+// underlying store", which c10d's backends call on the store they are given: absent in 1.13 and
+// 2.6, pure virtual in 2.15 (checked: their Store.hpp; the release between that added it was not
+// checked). A store of ours declares clone() without `override`, so that it compiles against
+// both, and clones the store it wraps with this: its own clone() where it has one, else the same
+// store (never called there: no c10d code of those versions clones a store).
+template <typename S, typename = void>
+struct has_clone : std::false_type {};
+template <typename S>
+struct has_clone<S, std::void_t<decltype(std::declval<S&>().clone())>> : std::true_type {};
+
+template <typename S = c10d::Store>
+c10::intrusive_ptr<c10d::Store> clone_store(const c10::intrusive_ptr<S>& store) {
+  if constexpr (has_clone<S>::value) {
+    return store->clone();
+  } else {
+    return store;
   }
 }
 

@@ -104,11 +104,19 @@ case $mode in
       engine=(srun -n 2 --time=5)
       says="world of 2 from Slurm"
     else
-      version=$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null | tail -n1)
-      if ! command -v torchrun >/dev/null 2>&1 || [[ -z $version ]]; then
-        echo "SKIP: torchrun is not installed (Debian: python3-torch; the LibTorch 2.6 chroot has it)"
+      # The torchrun beside $DDP_PYTHON, the Python whose torch this build's LibTorch is (the
+      # torch wheel's venv: tests/CMakeLists.txt sets it), else the one on PATH.
+      python=python3 torchrun=torchrun
+      if [[ -n ${DDP_PYTHON:-} ]]; then
+        python=$DDP_PYTHON torchrun=$(dirname "$DDP_PYTHON")/torchrun
+      fi
+      version=$("$python" -c 'import torch; print(torch.__version__)' 2>/dev/null | tail -n1)
+      if ! command -v "$torchrun" >/dev/null 2>&1 || [[ -z $version ]]; then
+        echo "SKIP: torchrun is not installed (Debian: python3-torch; the LibTorch 2.6 chroot has it;" \
+             "scripts/libtorch_wheel.sh's venv has the torch wheel's)"
         exit 77
       fi
+      echo "torchrun: $torchrun (torch $version)"
       if [[ $version == 1.* ]]; then
         # Bookworm's torchrun 1.13 fails by itself on Python 3.11 (AttributeError: 'NoneType' object
         # has no attribute 'get' in torch/distributed/elastic/multiprocessing), before any rank starts.
@@ -119,7 +127,7 @@ case $mode in
       # default) and fails before starting any rank ("use_libuv was requested but PyTorch was build
       # without libuv support"). Not ours to fix: where that happens, a sitecustomize makes
       # TCPStore default to use_libuv=False for this torchrun only.
-      if ! python3 -c 'import torch.distributed as d; d.TCPStore("127.0.0.1", 0, 1, True)' >/dev/null 2>&1; then
+      if ! "$python" -c 'import torch.distributed as d; d.TCPStore("127.0.0.1", 0, 1, True)' >/dev/null 2>&1; then
         shim=$(mktemp -d)
         trap 'rm -rf "$shim"' EXIT
         printf '%s\n' 'import torch.distributed as d' 'class TCPStore(d.TCPStore):' \
@@ -129,7 +137,7 @@ case $mode in
       fi
       # torchrun's default static rendezvous: its agent hosts the store at MASTER_ADDR:MASTER_PORT
       # and tells the ranks TORCHELASTIC_USE_AGENT_STORE=True (every rank connects as a client).
-      engine=(torchrun --nnodes 1 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port --no-python)
+      engine=("$torchrun" --nnodes 1 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port --no-python)
       says="world 2 (gloo+shm)"
     fi
     out=$(timeout 240 "$ddprun" --standalone --nproc-per-node 2 -- "$train" --epochs 2 "${small[@]}" 2>&1) ||

@@ -480,7 +480,8 @@ DDP_WORKER(rewrap) {
   MLP net;
   const auto params = net->parameters();
   // Hold the accumulators, as a live wrapper does, so that hooks left behind would stay visible.
-  std::vector<std::shared_ptr<torch::autograd::Node>> keep;
+  // (grad_accumulator returns a std::shared_ptr<Node> in 1.13 and 2.6, a c10::intrusive_ptr in 2.15.)
+  std::vector<decltype(torch::autograd::impl::grad_accumulator(params[0]))> keep;
   for (const auto& p : params) keep.push_back(torch::autograd::impl::grad_accumulator(p));
   const auto none = hook_counts(params);
   auto with = [&](size_t extra) {

@@ -8,6 +8,11 @@
 
 #include <ddp/per_rank.h>
 #include <ddp/process_group.h>
+#ifdef DDP_HAVE_NCCL
+#include <link.h>  // dl_iterate_phdr
+
+#include <torch/csrc/distributed/c10d/NCCLUtils.hpp>
+#endif
 
 #include "multiprocess.h"
 
@@ -476,6 +481,44 @@ TEST(ProcessGroupBadInput, NcclWithoutNccl) {
 #else
   auto message = init_error({"nccl"}, {{"WORLD_SIZE", "1"}, {"RANK", "0"}});
   EXPECT_NE(message.find("backend \"nccl\" is not available"), std::string::npos) << message;
+#endif
+}
+
+TEST(ProcessGroupBadInput, NcclWithoutAGpu) {
+#ifndef DDP_HAVE_NCCL
+  GTEST_SKIP() << "this LibTorch has no NCCL (CPU-only build): ProcessGroupBadInput.NcclWithoutNccl covers it";
+#else
+  if (torch::cuda::is_available()) GTEST_SKIP() << "this host has a CUDA device: the error path is for GPU-less ones";
+  auto message = init_error({"nccl"}, {{"WORLD_SIZE", "1"}, {"RANK", "0"}});
+  EXPECT_NE(message.find("backend \"nccl\" needs a CUDA device, and this process sees none"), std::string::npos)
+      << message;
+#endif
+}
+
+// Built against a CUDA LibTorch with c10d's ProcessGroupNCCL (the torch wheel tier), the library
+// says which NCCL it was built against, and that NCCL is linked and loaded into this binary, on a
+// machine with or without a GPU: nothing is created on a device.
+TEST(Nccl, ReportsTheNcclItWasBuiltAgainstAndThatNcclIsLoaded) {
+#ifndef DDP_HAVE_NCCL
+  EXPECT_EQ(ddp::nccl_version(), "");
+  GTEST_SKIP() << "this LibTorch has no ProcessGroupNCCL (CPU-only build): nccl_version() is \"\"";
+#else
+  // The reference: the NCCL library loaded here, asked by c10d's own code (ncclGetVersion).
+  const auto [major, minor, patch] = c10d::getNcclVersionTuple();
+  const std::string loaded = std::to_string(major) + "." + std::to_string(minor) + "." + std::to_string(patch);
+  EXPECT_EQ(ddp::nccl_version(), loaded);
+  // Where it came from: libnccl.so.2 among this process's loaded objects.
+  std::string path;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* found) {
+        const std::string name = info->dlpi_name != nullptr ? info->dlpi_name : "";
+        if (name.find("/libnccl.so") != std::string::npos) *static_cast<std::string*>(found) = name;
+        return 0;
+      },
+      &path);
+  EXPECT_FALSE(path.empty()) << "libnccl.so is not among the loaded objects";
+  std::cout << "built against NCCL " << ddp::nccl_version() << "; loaded NCCL " << loaded << " from " << path
+            << "; CUDA device available: " << (torch::cuda::is_available() ? "yes" : "no") << std::endl;
 #endif
 }
 

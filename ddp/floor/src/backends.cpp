@@ -92,3 +92,17 @@ std::string transport_of(const ProcessGroupPtr& group) {
 }
 
 }  // namespace ddp::detail
+
+namespace ddp {
+
+std::string nccl_version() {
+#ifdef DDP_HAVE_NCCL
+  // NCCL_MAJOR/MINOR/PATCH: nccl.h's own macros, from the header backends.cpp compiled against
+  // (TorchFeatures.cmake picks the one beside LibTorch's NCCL).
+  return std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." + std::to_string(NCCL_PATCH);
+#else
+  return "";
+#endif
+}
+
+}  // namespace ddp

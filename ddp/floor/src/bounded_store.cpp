@@ -6,6 +6,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "compat.h"
+
 namespace ddp::detail {
 
 // One thread and a queue of calls. Shared by the store and by its own thread, so that a store
@@ -174,6 +176,11 @@ void BoundedStore::wait(const std::vector<std::string>& keys) {
 
 void BoundedStore::wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) {
   run("wait", timeout + slack_, [inner = inner_, keys, timeout] { inner->wait(keys, timeout); });
+}
+
+c10::intrusive_ptr<c10d::Store> BoundedStore::clone() {
+  auto inner = run("clone", bound(), [inner = inner_] { return compat::clone_store(inner); });
+  return c10::make_intrusive<BoundedStore>(std::move(inner), host_, slack_);
 }
 
 void BoundedStore::setTimeout(const std::chrono::milliseconds& timeout) {

@@ -50,6 +50,10 @@ class BoundedStore final : public c10d::Store {
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
   void setTimeout(const std::chrono::milliseconds& timeout) override;
+  // Another bounded handle on a clone of the inner store (a new connection for a TCPStore, made on
+  // the worker like every call). c10d::Store's pure virtual in LibTorch 2.15, a plain method before
+  // (compat::clone_store says which versions).
+  c10::intrusive_ptr<c10d::Store> clone();
 
  private:
   class Worker;

@@ -287,6 +287,12 @@ Connection connect_group(const InitOptions& options) {
     fail("backend \"nccl\" is not available: this LibTorch was built without NCCL (CPU-only). "
          "Use \"gloo\" or link a CUDA build of LibTorch.");
   }
+  if (backend == "nccl" && !torch::cuda::is_available()) {
+    // ProcessGroupNCCL moves CUDA tensors only; PyTorch refuses it without a GPU too.
+    fail("backend \"nccl\" needs a CUDA device, and this process sees none (torch::cuda::is_available() is "
+         "false; check CUDA_VISIBLE_DEVICES and the driver). Use \"gloo\", or \"auto\" to take NCCL only where "
+         "a GPU is.");
+  }
 
   // The store every rank meets at.
   const std::string& method = options.init_method;

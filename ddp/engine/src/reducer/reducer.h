@@ -25,6 +25,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
 
+#include "compat.h"
 #include "reducer/bucket.h"
 #include <ddp/comm_hooks.h>
 #include <ddp/process_group.h>
@@ -145,7 +146,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   ReducerOptions options_;
   // Strong references: autograd only holds gradient accumulators weakly, and a new accumulator
   // would not carry our hook.
-  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accumulators_;
+  std::vector<compat::GradAccumulatorPtr> grad_accumulators_;
   std::vector<uintptr_t> hook_keys_;  // hook_keys_[param]: our hook on grad_accumulators_[param]
   std::unordered_map<const torch::autograd::Node*, size_t> param_of_accumulator_;
 

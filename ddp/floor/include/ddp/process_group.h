@@ -105,4 +105,10 @@ int local_rank();
 // tensors only. The one rule every collective on small host-side values follows.
 c10::Device collective_device(const ProcessGroupPtr& group = {});
 
+// The NCCL release this library was built against, as "2.30.7" (its nccl.h: the one beside the
+// LibTorch that has c10d's ProcessGroupNCCL), or "" when it was built without the NCCL backend
+// (a CPU-only LibTorch; backend "nccl" is then refused). Needs no GPU: a CUDA build on a
+// machine without one still says which NCCL it links.
+std::string nccl_version();
+
 }  // namespace ddp
