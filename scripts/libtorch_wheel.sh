@@ -41,6 +41,7 @@ phase_start=$SECONDS
 phase() { log "$1 took $((SECONDS - phase_start)) s"; phase_start=$SECONDS; }
 
 bash scripts/setup.sh  # the compiler, Ninja, ccache, Gloo's headers, the test suite's programs
+bash scripts/setup.sh python3-venv  # `python3 -m venv` (Debian keeps ensurepip in its own package)
 
 # --- 1. the virtual environment -------------------------------------------------------------------
 # The full dependency set of torch 2.15 is about 3.0 GB of downloads; the build and the suite need

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
-#include <cstring>
 #include <exception>
 #include <functional>
 #include <filesystem>
@@ -637,26 +636,13 @@ std::string existing_checkpoint(const std::string& path_or_dir) {
   return std::filesystem::exists(std::filesystem::symlink_status(path_or_dir, error)) ? path_or_dir : "";
 }
 
-// Collective: rank 0's `text` on every rank.
-std::string broadcast_text(const std::string& text, const ProcessGroupPtr& group) {
-  const at::Device device = collective_device(group);
-  at::Tensor size = torch::tensor({static_cast<int64_t>(text.size())}, at::kLong).to(device);
-  broadcast(size, 0, group);
-  at::Tensor bytes = torch::zeros({size.cpu().item<int64_t>()}, at::kByte);
-  if (group->getRank() == 0) std::memcpy(bytes.data_ptr(), text.data(), text.size());
-  bytes = bytes.to(device);
-  broadcast(bytes, 0, group);
-  bytes = bytes.cpu();
-  return std::string(static_cast<const char*>(bytes.data_ptr()), static_cast<size_t>(bytes.numel()));
-}
-
 Restored load_if_exists(const std::string& path_or_dir, const LoadOptions& options,
                         const std::function<TrainingState(const std::string&)>& load) {
   const ProcessGroupPtr group = resolve_group(options.group());
   const int rank = group ? group->getRank() : 0;
   // 1. Rank 0 looks, every rank hears its answer: ranks never split into fresh and resumed.
   std::string chosen = rank == 0 ? existing_checkpoint(path_or_dir) : std::string();
-  if (group) chosen = broadcast_text(chosen, group);
+  if (group) broadcast_bytes(chosen, 0, group);
   if (chosen.empty()) return Restored{};
   // 2. Every rank loads; then all learn whether all succeeded, so none trains on alone.
   Restored restored{true, chosen, {}};

@@ -21,7 +21,7 @@
 namespace {
 
 constexpr int64_t kGlobalBatch = 64;
-constexpr size_t kSamples = 640;  // the first 640 training images: 10 steps
+constexpr size_t kFirstImages = 640;  // the first 640 training images: 10 steps
 
 struct SmallNet : torch::nn::Module {
   SmallNet()
@@ -42,11 +42,11 @@ DDP_WORKER(loss_curve) {
   const int rank = ddp::get_rank();
 
   examples::FashionMNIST train(examples::FashionMNIST::Split::kTrain);
-  train.head(kSamples);
+  train.head(kFirstImages);
   torch::manual_seed(1);
   ddp::DistributedDataParallel model(std::make_shared<SmallNet>(), pg);
   torch::optim::SGD optimizer(model.parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-  ddp::DistributedSampler sampler(kSamples, ddp::DistributedSamplerOptions().num_replicas(world).rank(rank).seed(7));
+  ddp::DistributedSampler sampler(kFirstImages, ddp::DistributedSamplerOptions().num_replicas(world).rank(rank).seed(7));
   auto loader = torch::data::make_data_loader(train.map(torch::data::transforms::Stack<>()), sampler,
                                               torch::data::DataLoaderOptions().batch_size(kGlobalBatch / world));
   std::ostringstream curve;
@@ -79,7 +79,7 @@ TEST(Determinism, SameGlobalBatchGivesTheSameLossCurveAtWorld1And2) {
   const auto pair = read_curve(options.shared_dir + "/loss_world2.txt");
   ddp::test::remove_tree(options.shared_dir);
 
-  ASSERT_EQ(alone.size(), kSamples / kGlobalBatch);
+  ASSERT_EQ(alone.size(), kFirstImages / kGlobalBatch);
   ASSERT_EQ(pair.size(), alone.size());
   for (size_t step = 0; step < alone.size(); ++step) {
     EXPECT_NEAR(pair[step], alone[step], 1e-4) << "step " << step;

@@ -23,10 +23,6 @@ namespace {
 
 using namespace ddp::test;
 
-void require_mentions(const std::string& message, const std::string& part, const std::string& what) {
-  require(message.find(part) != std::string::npos, what + ": expected '" + part + "' in: " + message);
-}
-
 // Rank 0 all-reduces 1000 floats, rank 1 999: Gloo used to abort rank 1 in its transport thread
 // ("op.preamble.length <= op.nbytes", SIGABRT). Now both ranks get a CollectiveError naming both.
 DDP_WORKER(mismatched_sizes) {

@@ -194,10 +194,6 @@ TEST(CommHooks, GradBucketHoldsRawGradientsInLaunchOrder) { EXPECT_WORKERS_OK(ru
 
 // --- misuse -----------------------------------------------------------------------------------------
 
-void require_mentions(const std::string& message, const std::string& part, const std::string& what) {
-  require(message.find(part) != std::string::npos, what + ": expected '" + part + "' in: " + message);
-}
-
 DDP_WORKER(register_misuse) {
   worker_init();
   const int rank = ddp::get_rank(), world = ddp::get_world_size();

@@ -19,7 +19,7 @@ ddp::LaunchEnvironment detect(const Vars& vars) {
   });
 }
 
-std::string error_of(const Vars& vars) {
+std::string detect_error(const Vars& vars) {
   try {
     detect(vars);
   } catch (const std::invalid_argument& error) {
@@ -113,24 +113,24 @@ TEST(LaunchEnvironment, NoLauncherIsAWorldOfOne) {
 }
 
 TEST(LaunchEnvironment, HalfSetLaunchersNameWhatIsMissing) {
-  EXPECT_NE(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}).find(
+  EXPECT_NE(detect_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}}).find(
                 "SLURM_LOCALID, SLURM_NODELIST is not set, but SLURM_PROCID, SLURM_NTASKS is: start the ranks with srun"),
             std::string::npos)
-      << error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}});
-  EXPECT_NE(error_of({{"OMPI_COMM_WORLD_RANK", "0"}}).find("OMPI_COMM_WORLD_SIZE is not set"), std::string::npos);
-  EXPECT_NE(error_of({{"RANK", "0"}}).find("WORLD_SIZE is not set, but RANK is"), std::string::npos);
-  EXPECT_NE(error_of({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODELIST", "a"},
+      << detect_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}});
+  EXPECT_NE(detect_error({{"OMPI_COMM_WORLD_RANK", "0"}}).find("OMPI_COMM_WORLD_SIZE is not set"), std::string::npos);
+  EXPECT_NE(detect_error({{"RANK", "0"}}).find("WORLD_SIZE is not set, but RANK is"), std::string::npos);
+  EXPECT_NE(detect_error({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODELIST", "a"},
                       {"SLURM_JOB_ID", "1"}})
                 .find("SLURM_PROCID='x' is not an integer"),
             std::string::npos);
-  EXPECT_NE(error_of({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODELIST", "a"},
+  EXPECT_NE(detect_error({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODELIST", "a"},
                       {"SLURM_JOB_ID", "1"}})
                 .find("SLURM_PROCID=2 is out of range for SLURM_NTASKS=2"),
             std::string::npos);
-  EXPECT_NE(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODELIST", "a"}})
+  EXPECT_NE(detect_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODELIST", "a"}})
                 .find("without SLURM_JOB_ID, set MASTER_PORT"),
             std::string::npos);
-  EXPECT_NE(error_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"},
+  EXPECT_NE(detect_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"},
                       {"SLURM_JOB_NODELIST", "node[3-5"}, {"SLURM_JOB_ID", "1"}})
                 .find("node list 'node[3-5': '[' without ']'"),
             std::string::npos);

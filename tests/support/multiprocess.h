@@ -51,6 +51,10 @@ ddp::ProcessGroupPtr worker_init(std::chrono::milliseconds timeout = std::chrono
 inline void require(bool condition, const std::string& message) {
   if (!condition) fail(message);
 }
+// Fails naming `what` unless `message` contains `part`.
+inline void require_mentions(const std::string& message, const std::string& part, const std::string& what) {
+  require(message.find(part) != std::string::npos, what + ": expected '" + part + "' in: " + message);
+}
 // Writes/reads a small text file in the shared dir, to hand results between ranks and the test.
 void write_shared(const std::string& name, const std::string& text);
 std::string read_shared(const std::string& name);

@@ -79,6 +79,23 @@ void broadcast(at::Tensor& tensor, int src, const ProcessGroupPtr& group) {
   wait_collective(pg->broadcast(tensors, options), "ddp::broadcast");
 }
 
+void broadcast_bytes(std::string& bytes, int src, const ProcessGroupPtr& group) {
+  auto pg = resolve(group);
+  const c10::Device device = collective_device(pg);
+  // The length first: the other ranks need it to size their buffer.
+  at::Tensor length = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong).to(device);
+  broadcast(length, src, pg);
+  const int64_t size = length.cpu().item<int64_t>();
+  at::Tensor data = pg->getRank() == src
+                        ? at::from_blob(bytes.data(), {size}, at::kByte).clone().to(device)
+                        : at::empty({size}, at::TensorOptions().dtype(at::kByte).device(device));
+  broadcast(data, src, pg);
+  if (pg->getRank() != src) {
+    const at::Tensor host = data.cpu().contiguous();
+    bytes.assign(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()), static_cast<size_t>(size));
+  }
+}
+
 std::vector<at::Tensor> all_gather(const at::Tensor& tensor, const ProcessGroupPtr& group) {
   auto pg = resolve(group);
   verify_if_detail(pg, fingerprint(detail::CollectiveOp::kAllGather, tensor), "ddp::all_gather");

@@ -30,23 +30,6 @@ std::string serialized(const torch::optim::Optimizer& optimizer) {
   return bytes.str();
 }
 
-// Rank `root`'s bytes to every rank (PyTorch uses broadcast, not gather, the same way): the
-// length first, then the bytes. `bytes` is read on `root` and written on the others.
-void broadcast_bytes(std::string& bytes, int root, const ProcessGroupPtr& group) {
-  const c10::Device device = collective_device(group);
-  at::Tensor length = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong).to(device);
-  broadcast(length, root, group);
-  const int64_t size = length.cpu().item<int64_t>();
-  at::Tensor data = group->getRank() == root
-                        ? at::from_blob(bytes.data(), {size}, at::kByte).clone().to(device)
-                        : at::empty({size}, at::TensorOptions().dtype(at::kByte).device(device));
-  broadcast(data, root, group);
-  if (group->getRank() != root) {
-    const at::Tensor host = data.cpu().contiguous();
-    bytes.assign(reinterpret_cast<const char*>(host.data_ptr<uint8_t>()), static_cast<size_t>(size));
-  }
-}
-
 // Moves every state entry of `from` to `to`; both are over the same parameter tensors, so an
 // entry's key (its parameter's address) is the same in both.
 void move_states(torch::optim::Optimizer& from, torch::optim::Optimizer& to) {
@@ -73,7 +56,8 @@ void ZeroRedundancyOptimizerBase::consolidate_state_dict(int to) {
   }
   // Rank by rank: the owner serializes its shard optimizer, `to` reads it into an Optim over the
   // same shard (same parameters, same order: the partition is the same everywhere) and takes its
-  // entries. Every rank takes part in every broadcast.
+  // entries. Every rank takes part in every broadcast (a broadcast from each owner, not a gather:
+  // PyTorch does the same).
   std::unique_ptr<torch::optim::Optimizer> whole = rank_ == to ? whole_state_optimizer() : nullptr;
   for (int r = 0; r < world_size_; ++r) {
     std::string bytes = r == rank_ ? serialized(*local_) : std::string();

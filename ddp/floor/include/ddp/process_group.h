@@ -93,6 +93,9 @@ void barrier(const ProcessGroupPtr& group = {});
 void all_reduce(at::Tensor& tensor, c10d::ReduceOp op = c10d::ReduceOp::SUM,
                 const ProcessGroupPtr& group = {});
 void broadcast(at::Tensor& tensor, int src = 0, const ProcessGroupPtr& group = {});
+// Rank `src`'s `bytes` on every rank: read on `src`, replaced on the others (two broadcasts, the
+// length then the bytes, on the group's collective_device()). For serialized state.
+void broadcast_bytes(std::string& bytes, int src = 0, const ProcessGroupPtr& group = {});
 // Returns world_size tensors shaped like `tensor`, index r holding rank r's value.
 std::vector<at::Tensor> all_gather(const at::Tensor& tensor, const ProcessGroupPtr& group = {});
 
