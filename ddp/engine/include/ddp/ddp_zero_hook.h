@@ -33,6 +33,14 @@
 // ours assigns each bucket as it first comes by, so only the iteration before the rebuild is lost.
 // A loop ported from PyTorch with two dummy warm-up inputs therefore updates on the second of them.
 //
+// Balance: by default a bucket is owned whole, so a rank's shard is the sum of its buckets and
+// depends on the bucket caps: a model smaller than bucket_cap_mb is one bucket (plus the small first
+// one), and then rank 0 holds nearly all the optimizer state. shard_buckets=true is PyTorch's remedy:
+// buckets by increasing size are cut into pieces below total/W, each piece to the least loaded rank
+// that has no piece of that bucket yet (a piece is broadcast on its own). It needs every bucket's
+// size first, so the first pass after the rebuild only records them and updates nothing either: two
+// warm-up iterations then, as in PyTorch (without static_graph).
+//
 // Why this cannot hang on Gloo (PyTorch refuses every backend but NCCL/HCCL, pytorch#62300): a
 // collective-based process group pairs the k-th collective of one rank with the k-th of every other,
 // so all ranks must issue them in the same order. PyTorch launches the broadcasts from future
@@ -63,24 +71,27 @@
 
 namespace ddp {
 namespace detail {
-CommHook zero_step_hook(CommHook hook, const DDPCore& ddp, ZeroRedundancyOptimizerBase& zero, bool interleaved);
+CommHook zero_step_hook(CommHook hook, const DDPCore& ddp, ZeroRedundancyOptimizerBase& zero, bool interleaved,
+                        bool shard_buckets);
 }  // namespace detail
 
 namespace hooks {
 
 // PyTorch's hook_with_zero_step: `hook` averages each bucket; the owners step their buckets once
-// the last bucket is averaged (communication-bound models). Throws std::invalid_argument (above).
+// the last bucket is averaged (communication-bound models). `shard_buckets` (PyTorch's): split
+// buckets between ranks for balance (above). Throws std::invalid_argument (above).
 template <typename ModuleType>
-CommHook hook_with_zero_step(CommHook hook, DistributedDataParallel<ModuleType>& ddp, ZeroRedundancyOptimizerBase& zero) {
-  return detail::zero_step_hook(std::move(hook), ddp.core(), zero, /*interleaved=*/false);
+CommHook hook_with_zero_step(CommHook hook, DistributedDataParallel<ModuleType>& ddp, ZeroRedundancyOptimizerBase& zero,
+                             bool shard_buckets = false) {
+  return detail::zero_step_hook(std::move(hook), ddp.core(), zero, /*interleaved=*/false, shard_buckets);
 }
 
 // PyTorch's hook_with_zero_step_interleaved: each bucket's owner steps it as soon as it is averaged,
 // while backward computes the next buckets (compute-bound models).
 template <typename ModuleType>
 CommHook hook_with_zero_step_interleaved(CommHook hook, DistributedDataParallel<ModuleType>& ddp,
-                                         ZeroRedundancyOptimizerBase& zero) {
-  return detail::zero_step_hook(std::move(hook), ddp.core(), zero, /*interleaved=*/true);
+                                         ZeroRedundancyOptimizerBase& zero, bool shard_buckets = false) {
+  return detail::zero_step_hook(std::move(hook), ddp.core(), zero, /*interleaved=*/true, shard_buckets);
 }
 
 }  // namespace hooks

@@ -31,7 +31,7 @@ struct ZeroHookState {
 void step_and_broadcast(ZeroHookState& s, size_t b, const FuturePtr& future) {
   wait_for_future(future, s.timeout);
   if (future->hasError()) std::rethrow_exception(future->exception_ptr());
-  if (s.overlap->owns(b)) s.overlap->step(b, future_tensor(*future));
+  s.overlap->step(b, future_tensor(*future));  // this rank's piece(s) of it, if any
   s.overlap->broadcast(b);
 }
 
@@ -43,7 +43,8 @@ FuturePtr run(ZeroHookState& s, GradBucket& bucket) {
   ZeroOverlap& overlap = *s.overlap;
   const size_t b = bucket.index();
   if (b == 0) overlap.begin_pass();
-  overlap.assign(bucket);  // the first pass after the rebuild: bucket b -> rank b % W
+  // The first pass after the rebuild: bucket b -> rank b % W (shard_buckets: recorded, not stepped).
+  if (!overlap.assign(bucket)) return future;
   if (s.interleaved) {
     // 2-3. Right away, while backward computes the next buckets.
     step_and_broadcast(s, b, future);
@@ -63,9 +64,10 @@ FuturePtr run(ZeroHookState& s, GradBucket& bucket) {
 
 }  // namespace
 
-CommHook zero_step_hook(CommHook hook, const DDPCore& ddp, ZeroRedundancyOptimizerBase& zero, bool interleaved) {
+CommHook zero_step_hook(CommHook hook, const DDPCore& ddp, ZeroRedundancyOptimizerBase& zero, bool interleaved,
+                        bool shard_buckets) {
   const std::string name = std::string(interleaved ? "hook_with_zero_step_interleaved" : "hook_with_zero_step") +
-                           "(" + hook.name() + ")";
+                           "(" + hook.name() + (shard_buckets ? ", shard_buckets" : "") + ")";
   if (!zero.options().overlap_with_ddp()) {
     raise<std::invalid_argument>(kWho, "ZeroRedundancyOptimizer must be constructed with `overlap_with_ddp=True` to "
                                        "use this hook properly: construct it with "
@@ -84,7 +86,7 @@ CommHook zero_step_hook(CommHook hook, const DDPCore& ddp, ZeroRedundancyOptimiz
                                        "bucket's parameters belong to one rank: use a fixed bucket_cap_mb");
   }
   auto overlap = ZeroOverlap::of(zero);
-  overlap->attach_hook(name);
+  overlap->attach_hook(name, shard_buckets);
   auto state = std::make_shared<ZeroHookState>(
       ZeroHookState{hook, &ddp, std::move(overlap), interleaved, timeout_of(group), {}});
   return CommHook([state](GradBucket& bucket) { return run(*state, bucket); }, name, hook.state(), hook.settings());
