@@ -10,7 +10,9 @@ if(NOT rc EQUAL 0)
 endif()
 foreach(label "allreduce of float32 at world 2" "naive_check" "ours/ours_gloo" "ours/reducer" "ours/local" "overlap" "peak RSS" "steady" "ours_join/ours" "ours_detail/ours"
               "ours_auto/ours@" "x/reducer+fp16" "ours+powersgd4"
-              "ours+zero_adam   optimizer state per rank")
+              "ours+zero_adam         optimizer state per rank at world 1"
+              "ours+zero_adam_overlap optimizer state per rank at world 2"
+              "ours+zero_adam/ours+adam" "ours+zero_adam_overlap/ours+adam")
   string(FIND "${out}" "${label}" at)
   if(at EQUAL -1)
     message(FATAL_ERROR "the summary does not print '${label}'")
@@ -22,9 +24,9 @@ foreach(file results.csv results.json steps_mlp_b4_w1.png steps_mlp_b4_w2.png al
   endif()
 endforeach()
 # One CSV row per variant and world: 4 naive/local + 2 x 5 bucket sizes + ours_gloo + ours_view +
-# 5 features (join, detail, auto, adam, zero_adam) + 5 hooks = 26 per world.
+# 6 features (join, detail, auto, adam, zero_adam, zero_adam_overlap) + 5 hooks = 27 per world.
 file(STRINGS ${OUT}/results.csv rows REGEX "^mlp,")
 list(LENGTH rows count)
-if(NOT count EQUAL 52)
-  message(FATAL_ERROR "expected 52 result rows (26 variants x worlds 1 and 2), got ${count}")
+if(NOT count EQUAL 54)
+  message(FATAL_ERROR "expected 54 result rows (27 variants x worlds 1 and 2), got ${count}")
 endif()

@@ -101,6 +101,13 @@ json analyse(const json& raw, const std::map<std::string, json>& memory) {
       const auto ours = by_id.find(ours_id.str());
       if (ours != by_id.end()) row["ratio_vs_ours"] = ratio(v, ours->second);
     }
+    // ZeRO's cost per step (issue 26): against plain Adam through DDP at the same cap.
+    if (kind.rfind("ours+zero_adam", 0) == 0) {
+      std::ostringstream adam_id;
+      adam_id << "ours+adam@" << v["bucket_cap_mb"].get<double>();
+      const auto adam = by_id.find(adam_id.str());
+      if (adam != by_id.end()) row["ratio_vs_adam"] = ratio(v, adam->second);
+    }
     // The hooks: also against c10d's own fp16 hook at the same cap.
     if (kind.rfind("ours+", 0) == 0) {
       std::ostringstream peer_id;
@@ -201,6 +208,13 @@ void print_summary(const json& raw, const json& rows, const Options& o) {
                 cap_label((*row)["bucket_cap_mb"].get<double>()).c_str(), what, get(row, "median_ms"), name,
                 fixed(get(row, "ratio_vs_ours")).c_str());
   }
+  // ZeRO+Adam step / DDP+Adam step (issue 26's targets: <= 1.05 without overlap, <= 0.95 with).
+  for (const char* name : {"ours+zero_adam", "ours+zero_adam_overlap"}) {
+    const json* row = find_row(rows, name);
+    if (!row) continue;
+    std::printf("  %s @%s MiB: %.2f ms, %s/ours+adam %s\n", name, cap_label((*row)["bucket_cap_mb"].get<double>()).c_str(),
+                get(row, "median_ms"), name, fixed(get(row, "ratio_vs_adam")).c_str());
+  }
   if (const json* row = find_row(rows, "ours_auto")) {
     std::printf("  ours_auto (bucket_cap_mb_auto, %s MiB): %.2f ms, ours_auto/ours@%s (the fastest fixed cap) %s\n",
                 (*row)["note"].get<std::string>().c_str(), get(row, "median_ms"),
@@ -223,6 +237,21 @@ void print_summary(const json& raw, const json& rows, const Options& o) {
 }
 
 // Memory above local is what synchronization holds: buckets, plus gradients outside them.
+// Adam's state per rank, whole or sharded by ZeRO (issue 26): the memory pass measures it at every
+// world size.
+void print_optimizer_state(const json& rows, int world) {
+  for (const auto& row : rows) {
+    if (!row.contains("optimizer_state_bytes_per_rank")) continue;
+    const std::string name = row["variant"];
+    if (name != "ours+adam" && name.rfind("ours+zero_adam", 0) != 0) continue;  // the SGD variants hold none
+    std::printf("    %-22s optimizer state per rank at world %d (MiB):", name.c_str(), world);
+    for (const auto& bytes : row["optimizer_state_bytes_per_rank"]) {
+      std::printf(" %.2f", bytes.get<double>() / (1 << 20));
+    }
+    std::printf("\n");
+  }
+}
+
 void print_memory(const json& rows, int world, double gradient_mib) {
   std::printf("  peak RSS above model+data (MiB), each variant alone in fresh ranks at world %d; fp32 gradients: "
               "%.1f MiB\n", world, gradient_mib);
@@ -239,16 +268,6 @@ void print_memory(const json& rows, int world, double gradient_mib) {
     const double setup_extra = setup - get(local, "peak_rss_setup_mib");
     std::printf("    %-16s %8.1f %13.1f (%5.2f x) %8.1f %13.1f (%5.2f x)\n", name.c_str(), steady, steady_extra,
                 steady_extra / gradient_mib, setup, setup_extra, setup_extra / gradient_mib);
-  }
-  for (const auto& row : rows) {  // Adam's state, whole or sharded by ZeRO (issue 26)
-    if (!row.contains("optimizer_state_bytes_per_rank")) continue;
-    const std::string name = row["variant"];
-    if (name != "ours+adam" && name != "ours+zero_adam") continue;
-    std::printf("    %-16s optimizer state per rank (MiB):", name.c_str());
-    for (const auto& bytes : row["optimizer_state_bytes_per_rank"]) {
-      std::printf(" %.2f", bytes.get<double>() / (1 << 20));
-    }
-    std::printf("\n");
   }
   std::printf("    steady: peak while training after warm-up; setup: peak during construction and the first\n"
               "    steps (includes the one bucket rebuild)\n");
@@ -322,8 +341,8 @@ bool write_report(const Options& o, const std::string& load_at_start) {
       }
       const json raw = json::parse(in);
       std::map<std::string, json> memory;
-      if (o.memory && world == memory_world) {
-        // With features: ours+adam and ours+zero_adam have memory rows too.
+      if (o.memory) {
+        // With features: the Adam variants have memory rows too, at every world.
         for (const auto& spec : all_variants(o.caps, o.view_caps, /*features=*/true, /*hooks=*/false)) {
           std::ifstream mem(dir / memory_file(config, world, spec));
           if (mem) memory[spec.id()] = json::parse(mem);
@@ -355,6 +374,7 @@ bool write_report(const Options& o, const std::string& load_at_start) {
         }
         print_memory(rows, world, raw["parameters"].get<double>() * 4 / (1 << 20));
       }
+      if (o.memory) print_optimizer_state(rows, world);
       const std::string stem = "steps_" + config.label() + "_w" + std::to_string(world);
       write_plot_data(dir / (stem + ".dat"), rows, o);
       const std::string title = config.label() + ", world " + std::to_string(world);

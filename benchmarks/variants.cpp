@@ -101,13 +101,18 @@ struct DetailWhileConstructing {
   bool on;
 };
 
-// SGD, as every other variant; Adam for ours+adam; Adam sharded over the group for ours+zero_adam.
+// SGD, as every other variant; Adam for ours+adam; Adam sharded over the group for ours+zero_adam
+// and, stepped by the comm hook ours() registers, ours+zero_adam_overlap.
 std::shared_ptr<torch::optim::Optimizer> optimizer_of(const VariantSpec& spec, const std::vector<at::Tensor>& params,
                                                       const ddp::ProcessGroupPtr& group) {
   if (spec.kind == Kind::ours_adam) return std::make_shared<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-3));
-  if (spec.kind == Kind::ours_zero_adam) {
+  if (spec.kind == Kind::ours_zero_adam || spec.kind == Kind::ours_zero_adam_overlap) {
     return std::make_shared<ddp::ZeroRedundancyOptimizer<torch::optim::Adam>>(
-        params, ddp::ZeroRedundancyOptimizerOptions().process_group(group).parameters_as_bucket_view(true),
+        params,
+        ddp::ZeroRedundancyOptimizerOptions()
+            .process_group(group)
+            .parameters_as_bucket_view(true)
+            .overlap_with_ddp(spec.kind == Kind::ours_zero_adam_overlap),
         torch::optim::AdamOptions(1e-3));
   }
   return std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(1e-3));
@@ -136,6 +141,11 @@ Variant ours(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::Pro
       wrapped->register_comm_hook(ddp::hooks::powersgd(ddp::hooks::PowerSGDOptions()
                                                            .matrix_approximation_rank(spec.kind == Kind::ours_powersgd1 ? 1 : 4)
                                                            .start_powerSGD_iter(2)));
+      break;
+    case Kind::ours_zero_adam_overlap:
+      // The first step (before DDP's bucket rebuild) updates nothing: it is one of the warm-up steps.
+      wrapped->register_comm_hook(ddp::hooks::hook_with_zero_step_interleaved(
+          ddp::hooks::allreduce(), *wrapped, dynamic_cast<ddp::ZeroRedundancyOptimizerBase&>(*optimizer)));
       break;
     default: break;
   }
@@ -249,6 +259,7 @@ std::string VariantSpec::kind_name() const {
     case Kind::ours_syncbn: return "ours_syncbn";
     case Kind::ours_adam: return "ours+adam";
     case Kind::ours_zero_adam: return "ours+zero_adam";
+    case Kind::ours_zero_adam_overlap: return "ours+zero_adam_overlap";
   }
   return "?";
 }
@@ -269,7 +280,7 @@ VariantSpec parse_variant(const std::string& id) {
                     Kind::ours_gloo, Kind::ours_view,
                     Kind::ours_join, Kind::ours_detail, Kind::ours_auto, Kind::ours_fp16, Kind::ours_bf16,
                     Kind::ours_powersgd1, Kind::ours_powersgd4, Kind::reducer_fp16,
-                    Kind::ours_syncbn, Kind::ours_adam, Kind::ours_zero_adam}) {
+                    Kind::ours_syncbn, Kind::ours_adam, Kind::ours_zero_adam, Kind::ours_zero_adam_overlap}) {
     spec.kind = kind;
     if (spec.kind_name() == name) return spec;
   }
@@ -298,6 +309,7 @@ std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std
   if (features) {
     specs.push_back({Kind::ours_adam, hook_cap(caps)});
     specs.push_back({Kind::ours_zero_adam, hook_cap(caps)});
+    specs.push_back({Kind::ours_zero_adam_overlap, hook_cap(caps)});
   }
   if (features && batchnorm && !view_caps.empty()) specs.push_back({Kind::ours_syncbn, view_caps.front()});
   if (hooks) {
@@ -309,6 +321,10 @@ std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std
 }
 
 bool uses_sync_batchnorm(const VariantSpec& spec) { return spec.kind == Kind::ours_syncbn; }
+
+bool holds_adam_state(const VariantSpec& spec) {
+  return spec.kind == Kind::ours_adam || spec.kind == Kind::ours_zero_adam || spec.kind == Kind::ours_zero_adam_overlap;
+}
 
 Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, const Batch& batch,
                      const Groups& groups) {
@@ -335,7 +351,8 @@ Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, c
     case Kind::ours_powersgd4:
     case Kind::ours_syncbn:
     case Kind::ours_adam:
-    case Kind::ours_zero_adam: v = ours(model, batch, group, spec); break;
+    case Kind::ours_zero_adam:
+    case Kind::ours_zero_adam_overlap: v = ours(model, batch, group, spec); break;
   }
   v.spec = spec;
   return v;

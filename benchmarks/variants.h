@@ -33,11 +33,13 @@ enum class Kind {
   ours_powersgd4,  // ours+powersgd4: rank 4
   reducer_fp16,    // reducer+fp16: c10d's built-in FP16_COMPRESS hook, the fair peer of ours+fp16
   ours_syncbn,  // ours on the model with ddp::SyncBatchNorm for every BatchNorm (models with BatchNorm)
-  // The optimizer (issue 26): ours with Adam instead of SGD, and with Adam sharded by
-  // ddp::ZeroRedundancyOptimizer (bucket views on); their ratio is ZeRO's cost per step, their
-  // memory rows the optimizer state each rank holds.
-  ours_adam,       // ours+adam
-  ours_zero_adam,  // ours+zero_adam
+  // The optimizer (issue 26): ours with Adam instead of SGD, with Adam sharded by
+  // ddp::ZeroRedundancyOptimizer (bucket views on), and sharded and stepped inside DDP's backward
+  // (overlap_with_ddp, ddp::hooks::hook_with_zero_step_interleaved); their ratios are ZeRO's cost
+  // per step, their memory rows the optimizer state each rank holds.
+  ours_adam,               // ours+adam
+  ours_zero_adam,          // ours+zero_adam
+  ours_zero_adam_overlap,  // ours+zero_adam_overlap
 };
 
 struct VariantSpec {
@@ -49,8 +51,8 @@ struct VariantSpec {
 };
 
 // Every kind once, and reducer and ours at each bucket size; ours_view at `view_caps`; with
-// `features`, ours_join and ours_detail at the first view cap, ours_auto, ours+adam and
-// ours+zero_adam at the hook cap, and for a model
+// `features`, ours_join and ours_detail at the first view cap, ours_auto, ours+adam,
+// ours+zero_adam and ours+zero_adam_overlap at the hook cap, and for a model
 // with BatchNorm (`batchnorm`) ours_syncbn at the first view cap; with `hooks`, the hook variants
 // at 25 MiB (or the largest cap without 25).
 std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std::vector<double>& view_caps,
@@ -77,6 +79,8 @@ struct Variant {
 
 // ours_syncbn trains the SyncBatchNorm model (make_model's sync_batchnorm).
 bool uses_sync_batchnorm(const VariantSpec& spec);
+// The Adam variants: the memory pass reports their optimizer state at every world size.
+bool holds_adam_state(const VariantSpec& spec);
 
 // The groups a rank's variants synchronize over: ours* over the default group (shared memory when
 // the ranks share this host), the peers - naive*, reducer*, ours_gloo - over Gloo alone, as

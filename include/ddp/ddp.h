@@ -22,6 +22,7 @@
 #include <ddp/logging.h>
 #include <ddp/powersgd.h>
 #include <ddp/zero_redundancy_optimizer.h>
+#include <ddp/ddp_zero_hook.h>
 
 // sampler/: DistributedSampler, its resumable state, and the loader that counts what the program received
 #include <ddp/data_loader.h>

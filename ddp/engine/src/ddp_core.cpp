@@ -233,6 +233,8 @@ DDPLoggingData DDPCore::logging_data() const {
   return data;
 }
 
+bool DDPCore::buckets_rebuilt() const noexcept { return impl_->reducer->buckets_rebuilt(); }
+
 ReductionStats DDPCore::stats() const {
   const ReducerStats raw = impl_->reducer->stats();
   ReductionStats stats;

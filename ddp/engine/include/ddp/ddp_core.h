@@ -59,6 +59,8 @@ class DDPCore {
   const DDPOptions& options() const { return options_; }
   const ProcessGroupPtr& process_group() const { return options_.process_group(); }
   ReductionStats stats() const;
+  // stats().buckets_rebuilt without the reducer's lock: a comm hook may ask during backward.
+  bool buckets_rebuilt() const noexcept;
   DDPLoggingData logging_data() const;
 
  private:

@@ -185,6 +185,8 @@ class DistributedDataParallel : public Joinable {
   // PyTorch's DDPLoggingData fields that apply here: options, buckets, and averaged timings of
   // sampled iterations (ddp/logging.h).
   DDPLoggingData logging_data() const { return core_->logging_data(); }
+  // The non-template half, for the library's own hooks (ddp::hooks::hook_with_zero_step).
+  const detail::DDPCore& core() const { return *core_; }
 
  private:
   // device_ids names where a single-device module lives: put it there before broadcasting.

@@ -39,7 +39,20 @@
 // (ddp::Join join({model, opt})): a rank that ran out of inputs steps its shard with the averaged
 // gradients DDP's shadow pass gives it and broadcasts it, in every iteration the others step.
 //
-// Not supported yet: overlap_with_ddp(true) (refused at construction).
+// overlap_with_ddp(true): the step runs inside DDP's backward, bucket by bucket, through a comm
+// hook (ddp/ddp_zero_hook.h, PyTorch's ddp_zero_hook.py):
+//   ddp::ZeroRedundancyOptimizer<torch::optim::Adam> opt(model.parameters(),
+//       ddp::ZeroRedundancyOptimizerOptions().overlap_with_ddp(true), torch::optim::AdamOptions(1e-3));
+//   model.register_comm_hook(ddp::hooks::hook_with_zero_step(ddp::hooks::allreduce(), model, opt));
+//   loss.backward();   // each bucket, once averaged: its owner steps it and broadcasts it
+// Then DDP bucket i belongs to rank i % W (PyTorch's rule; the greedy partition above is not used),
+// assigned in the first backward after DDP rebuilt its buckets. Until then nothing is updated: the
+// first synchronized iteration (before the rebuild) leaves the parameters as they were (see
+// ddp_zero_hook.h for the warm-up and what differs from PyTorch). step() is then a no-op (PyTorch
+// logs a warning; it stays in a ported loop harmlessly). One parameter group only;
+// parameters_as_bucket_view is ignored (the parameters become views of one flat tensor per DDP
+// bucket instead, which the owner broadcasts). consolidate_state_dict, save and load need the
+// assignment: they throw before it exists, as PyTorch's do.
 //
 // Thread-safety: one training thread drives it (step, zero_grad, consolidate_state_dict, save,
 // load, add_param_group). step(), consolidate_state_dict() and add_param_group() are collectives:
@@ -60,6 +73,10 @@
 
 namespace ddp {
 
+namespace detail {
+class ZeroOverlap;
+}
+
 // PyTorch's keyword arguments of ZeroRedundancyOptimizer, chaining like DDPOptions.
 struct ZeroRedundancyOptimizerOptions {
   // The group whose ranks share the state; null: the default group.
@@ -68,7 +85,8 @@ struct ZeroRedundancyOptimizerOptions {
   // parameter's data a view of it: one broadcast per rank instead of one per parameter. The
   // parameters stay the same tensors (their data moves; views of the old data do not follow).
   TORCH_ARG(bool, parameters_as_bucket_view) = false;
-  // PyTorch: the step fused into DDP's communication hook. Not supported yet: true is refused.
+  // PyTorch: the step fused into DDP's communication hook (ddp/ddp_zero_hook.h): step() does
+  // nothing, the hook steps each DDP bucket's parameters on the rank that owns the bucket.
   TORCH_ARG(bool, overlap_with_ddp) = false;
 };
 
@@ -86,17 +104,22 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   // every shard from its owner: on return every rank holds the same updated parameters. `closure`
   // is passed to the local optimizer (it re-evaluates the loss). Returns the local step's result.
   // Throws CollectiveError when a broadcast fails.
+  // With overlap_with_ddp(true): not collective and does nothing (the hook stepped during backward);
+  // returns an undefined tensor. Throws std::logic_error when no hook_with_zero_step was made for
+  // this optimizer: the parameters would never be updated.
   at::Tensor step(LossClosure closure = nullptr) override;
 
   // Collective. Appends a parameter group (PyTorch: frozen layers made trainable later) and
   // partitions its parameters on top of the current partition (the old groups keep their owners,
   // so no state moves). Throws std::invalid_argument for a parameter already in a group or of
-  // another type than the others. Call it on this class: through a torch::optim::Optimizer
-  // reference, LibTorch's non-virtual add_param_group would skip the partition.
+  // another type than the others, and with overlap_with_ddp(true) (one group only, as PyTorch).
+  // Call it on this class: through a torch::optim::Optimizer reference, LibTorch's non-virtual
+  // add_param_group would skip the partition.
   void add_param_group(const torch::optim::OptimizerParamGroup& param_group);
 
   // Collective. Gathers every rank's shard of the state on rank `to` (a rank of the group), which
-  // keeps a snapshot of the whole state for save(). Other ranks keep nothing.
+  // keeps a snapshot of the whole state for save(). Other ranks keep nothing. With
+  // overlap_with_ddp(true), throws std::runtime_error before the hook assigned the buckets.
   void consolidate_state_dict(int to = 0);
 
   // PyTorch's state_dict(): the state consolidated on this rank, in Optim's format, with the
@@ -112,6 +135,8 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   void load(torch::serialize::InputArchive& archive) override;
 
   // The partition: for each rank, its parameters (group by group, in the order they are updated).
+  // With overlap_with_ddp(true): empty lists until the hook assigned DDP's buckets, then each
+  // rank's buckets' parameters in bucket order.
   const std::vector<std::vector<at::Tensor>>& params_per_rank() const { return params_per_rank_; }
   // The rank that updates `param`; throws std::invalid_argument for a tensor not optimized here.
   int rank_of(const at::Tensor& param) const;
@@ -122,7 +147,12 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   // optim() gives it as an Optim.
   torch::optim::Optimizer& local_optimizer() const { return *local_; }
 
-  // Joinable (ddp::Join): list the DDP model first, then this optimizer.
+  // With overlap_with_ddp(true): whether the hook has assigned DDP's buckets to ranks (from then on
+  // each backward updates the parameters).
+  bool overlap_initialized() const;
+
+  // Joinable (ddp::Join): list the DDP model first, then this optimizer. With overlap_with_ddp(true)
+  // its shadowing is DDP's: the hook runs in DDP's shadow pass too, so this does nothing.
   ProcessGroupPtr join_process_group() const override { return group_; }
   void join_attach(Join* join, size_t index) override;
   void join_shadow(const JoinStatus& status) override;
@@ -136,7 +166,9 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
                               ZeroRedundancyOptimizerOptions options, OptimizerFactory make_optimizer);
 
  private:
+  friend class detail::ZeroOverlap;  // the overlap hook's half (zero/overlap.h)
   struct Buckets;
+  void require_overlap_initialized(const char* method) const;
   void partition();
   void build_buckets();
   void broadcast_shards();
@@ -161,6 +193,7 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   int64_t steps_ = 0;
   Join* join_ = nullptr;
   size_t join_index_ = 0;
+  std::shared_ptr<detail::ZeroOverlap> overlap_;  // overlap_with_ddp(true) only; shared with its hook
 };
 
 // ZeroRedundancyOptimizer over any torch::optim optimizer (SGD, Adam, AdamW, Adagrad, RMSprop):
@@ -171,7 +204,8 @@ template <typename Optim>
 class ZeroRedundancyOptimizer : public ZeroRedundancyOptimizerBase {
  public:
   // One parameter group. Throws std::invalid_argument for an empty list, parameters of different
-  // types (dtype, device type, layout), a tensor listed twice, or overlap_with_ddp(true).
+  // types (dtype, device type, layout), a tensor listed twice, or several groups with
+  // overlap_with_ddp(true).
   template <typename Options>
   ZeroRedundancyOptimizer(std::vector<at::Tensor> params, ZeroRedundancyOptimizerOptions options, Options defaults)
       : ZeroRedundancyOptimizer(std::vector<torch::optim::OptimizerParamGroup>{

@@ -15,16 +15,16 @@ std::string describe(const at::Tensor& tensor) {
   return out.str();
 }
 
-// The tensor a finished hook future holds: a tensor, or a list holding exactly one.
-at::Tensor result_of(const c10::ivalue::Future& future) {
+}  // namespace
+
+at::Tensor future_tensor(const c10::ivalue::Future& future) {
   const c10::IValue& value = future.constValue();
   if (value.isTensor()) return value.toTensor();
   if (value.isTensorList() && value.toTensorList().size() == 1) return value.toTensorList().get(0);
   throw std::runtime_error("its future holds a " + value.tagKind() + ", not a tensor");
 }
 
-// Waits for `future` for at most `timeout`; c10's Future::wait has no timeout of its own.
-void wait_for(const FuturePtr& future, std::chrono::milliseconds timeout) {
+void wait_for_future(const FuturePtr& future, std::chrono::milliseconds timeout) {
   struct Done {
     std::mutex mutex;
     std::condition_variable changed;
@@ -42,8 +42,6 @@ void wait_for(const FuturePtr& future, std::chrono::milliseconds timeout) {
                              " s (a hook must complete the future it returns)");
   }
 }
-
-}  // namespace
 
 HookRunner::HookRunner(CommHook hook, std::chrono::milliseconds timeout)
     : hook_(std::move(hook)), timeout_(timeout), thread_([this] { run(); }) {}
@@ -122,10 +120,10 @@ at::Tensor HookRunner::call_hook(size_t index) {
   if (before_each_) before_each_(index);
   FuturePtr future = hook_(bucket);
   if (!future) throw std::runtime_error("it returned a null future");
-  wait_for(future, timeout_);
+  wait_for_future(future, timeout_);
   if (on_done_) on_done_(index);
   if (future->hasError()) std::rethrow_exception(future->exception_ptr());
-  at::Tensor result = result_of(*future);
+  at::Tensor result = future_tensor(*future);
   const at::Tensor& own = own_buffers_[index];
   if (!result.defined() || result.sizes() != own.sizes() || result.scalar_type() != own.scalar_type()) {
     throw std::runtime_error("its future holds " + (result.defined() ? describe(result) : std::string("no tensor")) +

@@ -22,6 +22,13 @@
 
 namespace ddp::detail {
 
+// Waits for `future` for at most `timeout` (c10's Future::wait has none); throws std::runtime_error
+// when it is not done by then. Does not rethrow the future's own error.
+void wait_for_future(const FuturePtr& future, std::chrono::milliseconds timeout);
+// The tensor a finished hook future holds: a tensor, or a list holding exactly one; throws
+// std::runtime_error otherwise.
+at::Tensor future_tensor(const c10::ivalue::Future& future);
+
 class HookRunner {
  public:
   HookRunner(CommHook hook, std::chrono::milliseconds timeout);

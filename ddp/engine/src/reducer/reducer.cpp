@@ -657,7 +657,7 @@ ReducerStats Reducer::stats() const {
   ReducerStats stats;
   stats.collectives_launched = collectives_launched_;
   stats.iterations_reduced = iterations_reduced_;
-  stats.buckets_rebuilt = rebuilt_;
+  stats.buckets_rebuilt = rebuilt_.load();
   for (const auto& bucket : buckets_) stats.buckets.push_back(bucket.params);
   stats.first_bucket_bytes = first_bucket_bytes_;
   stats.rebuilt_bucket_bytes = rebuilt_bucket_bytes_;

@@ -16,6 +16,7 @@
 //
 // Bucket assignment (which parameters share a bucket) is a separate pure function
 // (bucket_assignment.h); this class owns the per-iteration state machine and the buckets.
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -97,6 +98,9 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void set_timeline(Timeline* timeline);
 
   ReducerStats stats() const;
+  // Whether the one rebuild in observed gradient order has happened. Takes no lock, so a comm hook
+  // may ask during backward (finalize() holds the lock while it waits for the hooks).
+  bool buckets_rebuilt() const noexcept { return rebuilt_.load(); }
   // stats().iterations_reduced without building the rest (per iteration: allocates nothing).
   int64_t iterations_reduced() const;
 
@@ -167,7 +171,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<char> globally_unused_; // no rank produced a gradient: leave param.grad() alone
   bool graph_learnt_ = false;
   std::vector<size_t> ready_order_;   // first iteration's gradient order, for the one rebuild
-  bool rebuilt_ = false;
+  std::atomic<bool> rebuilt_{false};
   std::string error_;                 // raised at the next forward
   std::unique_ptr<HookRunner> hook_runner_;  // set by register_comm_hook
   int64_t training_forwards_ = 0;     // forwards that armed the reducer (training has begun)

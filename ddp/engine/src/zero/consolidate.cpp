@@ -45,6 +45,7 @@ std::unique_ptr<torch::optim::Optimizer> ZeroRedundancyOptimizerBase::whole_stat
 }
 
 void ZeroRedundancyOptimizerBase::consolidate_state_dict(int to) {
+  require_overlap_initialized("consolidate_state_dict");
   if (to < 0 || to >= world_size_) {
     raise<std::invalid_argument>(kWho, "consolidate_state_dict(to=" + std::to_string(to) +
                                            "): `to` must be a rank of the group, 0 to " +
@@ -74,6 +75,7 @@ void ZeroRedundancyOptimizerBase::consolidate_state_dict(int to) {
 }
 
 void ZeroRedundancyOptimizerBase::save(torch::serialize::OutputArchive& archive) const {
+  require_overlap_initialized("state_dict (save)");
   if (!consolidated_) {
     throw std::runtime_error("Optimizer state has not been consolidated on this rank. Please call "
                              "`consolidate_state_dict(to=" + std::to_string(rank_) +
@@ -96,6 +98,7 @@ void ZeroRedundancyOptimizerBase::save(torch::serialize::OutputArchive& archive)
 // moved to its parameter's device. As LibTorch's Optimizer::load, the groups' options (lr, ...)
 // are not read: the ones the optimizer was constructed with stay.
 void ZeroRedundancyOptimizerBase::load(torch::serialize::InputArchive& archive) {
+  require_overlap_initialized("load_state_dict (load)");
   auto whole = whole_state_optimizer();
   whole->load(archive);
   auto& loaded = whole->state();

@@ -18,6 +18,7 @@
 #include "desync.h"
 #include "error_text.h"
 #include "optimizer_state.h"
+#include "zero/overlap.h"
 #include "zero/partition.h"
 
 namespace ddp {
@@ -70,11 +71,12 @@ void check_parameters(const std::vector<torch::optim::OptimizerParamGroup>& exis
 
 std::vector<torch::optim::OptimizerParamGroup> checked(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                        const ZeroRedundancyOptimizerOptions& options) {
-  if (options.overlap_with_ddp()) {
-    raise<std::invalid_argument>(kWho, "overlap_with_ddp(true) is not supported yet; construct it with "
-                                       "overlap_with_ddp(false) and call step() after backward()");
-  }
   check_parameters({}, groups);
+  if (options.overlap_with_ddp() && groups.size() != 1) {
+    raise<std::invalid_argument>(kWho, "with `overlap_with_ddp=True` only supports a single parameter group (got " +
+                                           std::to_string(groups.size()) + "); pass one list of parameters, or "
+                                           "construct with overlap_with_ddp(false) for several groups");
+  }
   return groups;
 }
 
@@ -108,12 +110,15 @@ ZeroRedundancyOptimizerBase::ZeroRedundancyOptimizerBase(std::vector<torch::opti
       group_(resolve(options_.process_group())),
       rank_(group_->getRank()),
       world_size_(group_->getSize()) {
+  if (options_.overlap_with_ddp()) overlap_ = std::make_shared<detail::ZeroOverlap>(*this);
   partition();
   local_ = make_optimizer_(groups_of_rank(rank_));
   build_buckets();
 }
 
-ZeroRedundancyOptimizerBase::~ZeroRedundancyOptimizerBase() = default;
+ZeroRedundancyOptimizerBase::~ZeroRedundancyOptimizerBase() {
+  if (overlap_) overlap_->forget_optimizer();  // its hook may outlive it
+}
 
 // Every rank computes the same partition from the same parameters (detail/partition.h).
 void ZeroRedundancyOptimizerBase::partition() {
@@ -126,6 +131,8 @@ void ZeroRedundancyOptimizerBase::partition() {
   params_per_group_per_rank_.assign(static_cast<size_t>(world_size_),
                                     std::vector<std::vector<at::Tensor>>(param_groups_.size()));
   params_per_rank_.assign(static_cast<size_t>(world_size_), {});
+  // overlap_with_ddp: nothing is owned until the hook assigns DDP's buckets (zero/overlap.h).
+  if (overlap_) return;
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     for (size_t i = 0; i < param_groups_[g].params().size(); ++i) {
       const auto r = static_cast<size_t>(owners[g][i]);
@@ -162,7 +169,9 @@ void ZeroRedundancyOptimizerBase::build_buckets() {
   for (const auto& group : param_groups_) {
     for (const auto& param : group.params()) trainable_.push_back(param.requires_grad());
   }
-  if (!options_.parameters_as_bucket_view()) return;
+  // overlap_with_ddp: the hook makes one flat tensor per DDP bucket instead (PyTorch ignores
+  // parameters_as_bucket_view there too).
+  if (!options_.parameters_as_bucket_view() || overlap_) return;
   at::NoGradGuard no_grad;
   auto buckets = std::make_unique<Buckets>();
   std::vector<c10::Device> devices;  // in order of first appearance
@@ -200,6 +209,11 @@ void ZeroRedundancyOptimizerBase::build_buckets() {
 }
 
 void ZeroRedundancyOptimizerBase::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
+  if (overlap_) {
+    raise<std::invalid_argument>(kWho, "with `overlap_with_ddp=True` only supports a single parameter group: "
+                                       "add_param_group is refused (construct with overlap_with_ddp(false) to add "
+                                       "groups later)");
+  }
   check_parameters(param_groups_, {param_group});
   torch::optim::Optimizer::add_param_group(param_group);
   // The earlier groups keep their owners (partition.h), so the local optimizer keeps its groups
@@ -276,6 +290,17 @@ void ZeroRedundancyOptimizerBase::broadcast_shards() {
 }
 
 at::Tensor ZeroRedundancyOptimizerBase::step(LossClosure closure) {
+  if (overlap_) {
+    if (!overlap_->hook_attached()) {
+      raise<std::logic_error>(kWho, "step(): constructed with overlap_with_ddp(true), so the update runs inside "
+                                    "DDP's backward through its comm hook, and no hook was made for this optimizer: "
+                                    "nothing would ever be updated. Register one before training "
+                                    "(model.register_comm_hook(ddp::hooks::hook_with_zero_step("
+                                    "ddp::hooks::allreduce(), model, optimizer))), or construct with "
+                                    "overlap_with_ddp(false) to update in step()");
+    }
+    return {};  // the hook stepped during backward (PyTorch: a no-op, with a warning)
+  }
   if (join_ != nullptr) {
     if (join_index_ == 0) {
       raise<std::invalid_argument>(kWho, "under ddp::Join, list the DistributedDataParallel model before the "
@@ -298,10 +323,23 @@ void ZeroRedundancyOptimizerBase::join_attach(Join* join, size_t index) {
 // The active ranks step after each backward that synchronized gradients; DDP's shadow pass has
 // just given this rank the same averaged gradients, so stepping its shard keeps it in step.
 void ZeroRedundancyOptimizerBase::join_shadow(const JoinStatus& status) {
-  if (!status.sync) return;
+  if (!status.sync || overlap_) return;  // overlap: the hook runs in DDP's shadow pass
   step_shard(nullptr);
   broadcast_shards();
   ++steps_;
+}
+
+bool ZeroRedundancyOptimizerBase::overlap_initialized() const {
+  return overlap_ && overlap_->status() == detail::ZeroOverlap::Status::kInitialized;
+}
+
+// PyTorch's _check_overlap_initialized, before the methods that need the bucket assignment.
+void ZeroRedundancyOptimizerBase::require_overlap_initialized(const char* method) const {
+  if (!overlap_ || overlap_initialized()) return;
+  raise<std::runtime_error>(kWho, std::string(method) + ": This method should not be called until this "
+                                  "ZeroRedundancyOptimizer instance has been fully initialized (overlap_with_ddp: "
+                                  "its hook assigns DDP's buckets to ranks in the first backward after DDP "
+                                  "rebuilt its buckets, i.e. the second synchronized iteration)");
 }
 
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {

@@ -1,0 +1,253 @@
+// ZeroRedundancyOptimizer overlapped with DDP: the bucket assignment and the per-bucket step and
+// broadcast the hook drives (overlap.h; the hook itself is ddp_zero_hook.cpp).
+#include "zero/overlap.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include <ddp/wait_collective.h>
+#include <ddp/zero_redundancy_optimizer.h>
+
+#include "error_text.h"
+
+namespace ddp::detail {
+
+namespace {
+
+constexpr char kWho[] = "ZeroRedundancyOptimizer";
+
+// param.grad() set to the given gradients for the life of the guard, then put back: the local
+// optimizer reads gradients there, and DDP writes its own into them when backward ends.
+class LendGradients {
+ public:
+  LendGradients(const std::vector<at::Tensor>& params, std::vector<at::Tensor> grads) : params_(params) {
+    for (size_t k = 0; k < params_.size(); ++k) {
+      at::Tensor& grad = params_[k].mutable_grad();
+      kept_.push_back(std::exchange(grad, std::move(grads[k])));
+    }
+  }
+  ~LendGradients() {
+    for (size_t k = 0; k < params_.size(); ++k) params_[k].mutable_grad() = std::move(kept_[k]);
+  }
+  LendGradients(const LendGradients&) = delete;
+  LendGradients& operator=(const LendGradients&) = delete;
+
+ private:
+  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> kept_;
+};
+
+}  // namespace
+
+ZeroRedundancyOptimizerBase& ZeroOverlap::zero() const {
+  if (zero_ == nullptr) {
+    raise<std::runtime_error>(kWho, "the optimizer this hook_with_zero_step steps was destroyed while the "
+                                    "DistributedDataParallel model it is registered on still trains; keep the "
+                                    "optimizer alive as long as the model");
+  }
+  return *zero_;
+}
+
+std::shared_ptr<ZeroOverlap> ZeroOverlap::of(ZeroRedundancyOptimizerBase& zero) {
+  if (!zero.overlap_) raise<std::invalid_argument>(kWho, "constructed without overlap_with_ddp(true)");
+  return zero.overlap_;
+}
+
+void ZeroOverlap::begin_pass() { broadcasts_.clear(); }
+
+void ZeroOverlap::attach_hook(const std::string& hook_name, bool shard_buckets) {
+  if (!hook_name_.empty()) {
+    raise<std::invalid_argument>(kWho, "a " + hook_name_ + " hook was already made for this optimizer; one "
+                                       "optimizer steps one model's buckets (make one hook per optimizer)");
+  }
+  hook_name_ = hook_name;
+  shard_buckets_ = shard_buckets;
+}
+
+// The partition starts empty: this rank's local optimizer gets its pieces' parameters as they come.
+void ZeroOverlap::start_assignment() {
+  ZeroRedundancyOptimizerBase& z = zero();
+  buckets_.clear();
+  for (auto& params : z.params_per_rank_) params.clear();
+  for (auto& groups : z.params_per_group_per_rank_) groups[0].clear();
+  z.local_->param_groups()[0].params().clear();
+  z.local_->state().clear();
+  status_ = shard_buckets_ ? Status::kRecording : Status::kAssigning;
+}
+
+bool ZeroOverlap::assign(const GradBucket& bucket) {
+  const bool first_pass = status_ == Status::kAssigning || status_ == Status::kRecording;
+  if (status_ == Status::kUninitialized || (first_pass && bucket.index() == 0)) start_assignment();
+  if (status_ == Status::kInitialized) return true;
+  ZeroRedundancyOptimizerBase& z = zero();
+  if (bucket.index() != buckets_.size()) {
+    raise<std::logic_error>(kWho, "DDP bucket " + std::to_string(bucket.index()) + " came before bucket " +
+                                      std::to_string(buckets_.size()) + " (a bug: buckets come in order)");
+  }
+  const auto& mine = z.param_groups_[0].params();
+  for (size_t k = 0; k < bucket.parameters().size(); ++k) {
+    bool found = false;
+    for (const auto& p : mine) found = found || p.is_same(bucket.parameters()[k]);
+    if (!found) {
+      raise<std::invalid_argument>(kWho, "parameter " + std::to_string(bucket.parameter_indices()[k]) +
+                                             " of the model (in DDP bucket " + std::to_string(bucket.index()) +
+                                             ") is not one of the optimizer's parameters; construct it over "
+                                             "model.parameters()");
+    }
+  }
+  buckets_.push_back({bucket.parameters(), bucket.offsets(), {}});
+  if (status_ == Status::kAssigning) {
+    // PyTorch's rule: bucket i belongs to rank i % W.
+    give(bucket.index(), static_cast<int>(bucket.index() % static_cast<size_t>(z.world_size_)), 0,
+         bucket.parameters().size());
+    return true;
+  }
+  if (bucket.is_last()) {  // every bucket recorded: shard them; the next pass steps
+    shard_recorded_buckets();
+    status_ = Status::kInitialized;
+  }
+  return false;
+}
+
+// PyTorch's shard_buckets assignment: buckets by increasing size (stable); each is cut into pieces
+// that stay below total / W (a piece ends before the parameter that would reach it, and holds at
+// least one), each piece to the least loaded rank not yet holding a piece of that bucket.
+void ZeroOverlap::shard_recorded_buckets() {
+  ZeroRedundancyOptimizerBase& z = zero();
+  const auto world = static_cast<size_t>(z.world_size_);
+  std::vector<int64_t> sizes(buckets_.size(), 0);
+  int64_t total = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    for (const auto& param : buckets_[b].params) sizes[b] += param.numel();
+    total += sizes[b];
+  }
+  const double threshold = static_cast<double>(total) / static_cast<double>(world);
+  std::vector<size_t> order(buckets_.size());
+  for (size_t b = 0; b < order.size(); ++b) order[b] = b;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] < sizes[b]; });
+  std::vector<int64_t> load(world, 0);
+  for (size_t b : order) {
+    std::vector<char> taken(world, 0);
+    auto least_loaded = [&] {
+      size_t best = world;
+      for (size_t r = 0; r < world; ++r) {
+        if (!taken[r] && (best == world || load[r] < load[best])) best = r;
+      }
+      if (best == world) {
+        raise<std::invalid_argument>(kWho, "shard_buckets: DDP bucket " + std::to_string(b) + " splits into more "
+                                           "pieces than there are ranks (PyTorch asserts here); use "
+                                           "shard_buckets=false or other bucket caps");
+      }
+      taken[best] = 1;
+      return best;
+    };
+    const auto& params = buckets_[b].params;
+    size_t first = 0;
+    int64_t piece = 0;
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (static_cast<double>(piece + params[k].numel()) >= threshold && k > first) {
+        const size_t rank = least_loaded();
+        give(b, static_cast<int>(rank), first, k);
+        load[rank] += piece;
+        first = k;
+        piece = 0;
+      }
+      piece += params[k].numel();
+    }
+    const size_t rank = least_loaded();
+    give(b, static_cast<int>(rank), first, params.size());
+    load[rank] += piece;
+  }
+}
+
+// Bucket b's parameters [first, end) to `rank`: their data become views of one flat tensor,
+// broadcast whole from `rank` (PyTorch's _build_ddp_param_buckets); `rank`'s shard gains them.
+// Their gradients are final for this pass, so nothing reads their data now.
+void ZeroOverlap::give(size_t b, int rank, size_t first, size_t end) {
+  ZeroRedundancyOptimizerBase& z = zero();
+  Bucket& bucket = buckets_[b];
+  Piece piece;
+  piece.rank = rank;
+  piece.first = first;
+  piece.params.assign(bucket.params.begin() + static_cast<std::ptrdiff_t>(first),
+                      bucket.params.begin() + static_cast<std::ptrdiff_t>(end));
+  at::NoGradGuard no_grad;
+  int64_t numel = 0;
+  for (const auto& param : piece.params) numel += param.numel();
+  piece.flat = at::empty({numel}, piece.params.front().options().requires_grad(false));
+  int64_t offset = 0;
+  for (auto& param : piece.params) {
+    at::Tensor view = piece.flat.narrow(0, offset, param.numel()).view(param.sizes());
+    view.copy_(param.detach());
+    param.set_data(view);
+    offset += param.numel();
+  }
+  auto& owned = z.params_per_rank_[static_cast<size_t>(rank)];
+  owned.insert(owned.end(), piece.params.begin(), piece.params.end());
+  auto& group = z.params_per_group_per_rank_[static_cast<size_t>(rank)][0];
+  group.insert(group.end(), piece.params.begin(), piece.params.end());
+  if (rank == z.rank_) {
+    auto& local = z.local_->param_groups()[0].params();
+    local.insert(local.end(), piece.params.begin(), piece.params.end());
+  }
+  auto at = std::find_if(bucket.pieces.begin(), bucket.pieces.end(), [&](const Piece& p) { return p.rank > rank; });
+  bucket.pieces.insert(at, std::move(piece));
+}
+
+// The local optimizer steps this rank's piece(s) of the bucket only: its group holds them for the
+// call (the state is keyed by parameter, so each keeps its own), with the group options a
+// scheduler set.
+void ZeroOverlap::step(size_t b, const at::Tensor& average) {
+  ZeroRedundancyOptimizerBase& z = zero();
+  const Bucket& bucket = buckets_.at(b);
+  for (const Piece& piece : bucket.pieces) {
+    if (piece.rank != z.rank_) continue;
+    std::vector<at::Tensor> grads;
+    for (size_t k = 0; k < piece.params.size(); ++k) {
+      const at::Tensor& param = piece.params[k];
+      grads.push_back(average.narrow(0, bucket.offsets[piece.first + k], param.numel()).view(param.sizes()));
+    }
+    LendGradients lent(piece.params, std::move(grads));
+    auto& group = z.local_->param_groups()[0];
+    group.set_options(z.param_groups_[0].options().clone());
+    std::vector<at::Tensor> all = std::exchange(group.params(), piece.params);
+    struct Restore {
+      std::vector<at::Tensor>& params;
+      std::vector<at::Tensor>& all;
+      ~Restore() { params = std::move(all); }
+    } restore{group.params(), all};
+    z.local_->step();
+  }
+}
+
+void ZeroOverlap::broadcast(size_t b) {
+  ZeroRedundancyOptimizerBase& z = zero();
+  for (const Piece& piece : buckets_.at(b).pieces) {
+    std::vector<at::Tensor> tensors{piece.flat};
+    c10d::BroadcastOptions options;
+    options.rootRank = piece.rank;
+    broadcasts_.push_back({b, piece.rank, z.group_->broadcast(tensors, options)});
+  }
+}
+
+// Every broadcast of the pass, waited on (a dead or stuck peer is an error naming the bucket).
+void ZeroOverlap::finish_pass() {
+  ZeroRedundancyOptimizerBase& z = zero();
+  std::vector<Launched> launched = std::move(broadcasts_);
+  broadcasts_.clear();
+  for (const auto& item : launched) {
+    wait_collective(item.work, [&] {
+      return std::string(kWho) + ": broadcast of DDP bucket " + std::to_string(item.bucket) +
+             "'s parameters from rank " + std::to_string(item.root) + " (overlap_with_ddp, step " +
+             std::to_string(z.steps_ + 1) + ")";
+    });
+  }
+  status_ = Status::kInitialized;
+  ++z.steps_;
+}
+
+}  // namespace ddp::detail

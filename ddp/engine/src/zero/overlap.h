@@ -1,0 +1,97 @@
+#pragma once
+// ZeroRedundancyOptimizer's overlap_with_ddp half (PyTorch's _OverlapInfo): which rank owns which
+// DDP bucket, the flat tensor each bucket's parameters live in, and the per-pass work the hook
+// (ddp_zero_hook.cpp) drives:
+//
+//   assign(bucket)         first pass after DDP's rebuild: bucket b -> rank b % W; its parameters
+//                          become views of one flat tensor (what the owner broadcasts)
+//   step(b, average)       the owner: the local optimizer steps bucket b's parameters with `average`
+//   broadcast(b)           every rank: launch bucket b's broadcast from its owner
+//   finish_pass()          last bucket: wait for every broadcast; the assignment is complete
+//
+// Thread-safety: the hook thread calls everything above during backward; the training thread only
+// between backward passes (status(), through the optimizer's methods). The hook runner's handoff
+// orders the two.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <ddp/comm_hooks.h>
+
+namespace ddp {
+class ZeroRedundancyOptimizerBase;
+}
+
+namespace ddp::detail {
+
+class ZeroOverlap {
+ public:
+  // PyTorch's _OverlapStatus; its middle state (DDP_HAS_REBUILT_BUCKETS) is our first pass after
+  // the rebuild, which assigns each bucket as it comes by, or, with shard_buckets, only records them.
+  enum class Status {
+    kUninitialized,  // DDP has not rebuilt its buckets: the hook only averages (warm-up)
+    kAssigning,      // the first pass on the rebuilt buckets: each is assigned as it comes by
+    kRecording,      // shard_buckets: the first pass records the buckets; assigned at its end
+    kInitialized,    // every bucket has its owner(s)
+  };
+
+  explicit ZeroOverlap(ZeroRedundancyOptimizerBase& zero) : zero_(&zero) {}
+  // The optimizer's overlap half; throws std::invalid_argument when it has none.
+  static std::shared_ptr<ZeroOverlap> of(ZeroRedundancyOptimizerBase& zero);
+
+  // The optimizer, or a std::runtime_error when it was destroyed while its hook lives on.
+  ZeroRedundancyOptimizerBase& zero() const;
+  void forget_optimizer() { zero_ = nullptr; }
+  // One hook per optimizer: the first call marks it taken; later ones throw std::invalid_argument.
+  void attach_hook(const std::string& hook_name, bool shard_buckets);
+  bool hook_attached() const { return !hook_name_.empty(); }
+
+  Status status() const { return status_; }
+  // Called for each bucket once DDP's buckets are rebuilt, in bucket order; assigns (or records) it
+  // in the first such pass (a pass that starts at bucket 0 before the end of that starts over).
+  // Returns whether this pass steps and broadcasts the bucket (false in shard_buckets' recording pass).
+  bool assign(const GradBucket& bucket);
+  // A pass starts (bucket 0): drops what a pass that failed half-way left behind.
+  void begin_pass();
+  // The owner(s) of bucket b's parameters step them with the bucket's `average`.
+  void step(size_t bucket, const at::Tensor& average);
+  // Every rank: the broadcast of each piece of bucket b from its owner, owners in ascending order.
+  void broadcast(size_t bucket);
+  void finish_pass();
+
+ private:
+  // A bucket's parameters params[first, first + params.size()) owned by one rank (the whole bucket
+  // unless shard_buckets splits it), and the flat tensor their data live in.
+  struct Piece {
+    int rank = 0;
+    size_t first = 0;
+    std::vector<at::Tensor> params;
+    at::Tensor flat;
+  };
+  struct Bucket {
+    std::vector<at::Tensor> params;
+    std::vector<int64_t> offsets;  // of each parameter's gradient in the bucket's flat buffer
+    std::vector<Piece> pieces;     // by ascending rank
+  };
+  void start_assignment();
+  void give(size_t bucket, int rank, size_t first, size_t end);
+  void shard_recorded_buckets();
+
+  ZeroRedundancyOptimizerBase* zero_;
+  std::string hook_name_;
+  bool shard_buckets_ = false;
+  Status status_ = Status::kUninitialized;
+  std::vector<Bucket> buckets_;
+  struct Launched {
+    size_t bucket;
+    int root;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  std::vector<Launched> broadcasts_;  // this pass's, in launch order
+};
+
+}  // namespace ddp::detail
