@@ -5,7 +5,7 @@
 //   hierarchical  the world group: shared memory inside each host, Gloo across them, where the
 //                 hosts run the same number of ranks, two or more (otherwise Gloo as well)
 // Rank 0 prints each group's transport, the median step time of each and their ratio:
-//   hosts_bench: mlp_b4 (8432650 parameters), 25 MiB buckets, 4 ranks, 10 rounds x 3 steps per group
+//   hosts_bench: mlp_b4 (8407050 parameters), 25 MiB buckets, 4 ranks, 10 rounds x 3 steps per group
 //   flat          gloo                                     median <ms> (p10 <ms>, p90 <ms>)
 //   hierarchical  gloo+shm hierarchical (2 hosts x 2)      median <ms> (p10 <ms>, p90 <ms>)
 //   hierarchical/flat = <ratio>

@@ -5,10 +5,13 @@
 //   host_rank            prints one line of facts per step, for the test to check:
 //     rank=R host=H world_transport=T   the hostname it runs on; how the world group moves data
 //     world_sum=S world_max=M           all_reduce(rank + 1) over the world; MAX of the rank, int64
+//     world_avg=A                       AVG of rank + 1, float64 (hierarchical worlds only)
 //     host_transport=T host_sum=S       the same over the group of this host's ranks
-//     flat_transport=T flat_match=yes|no   a group of the same ranks on Gloo alone; whether its
+//     flat_transport=T flat_match=yes|no|differs between ranks
+//                                       a group of the same ranks on Gloo alone; whether its
 //                                       all_reduce of 1M+13 random floats equals the world's
-//                                       within fp32 rounding
+//                                       within fp32 rounding (and the world's has the same bits
+//                                       on every rank)
 //     ddp_grads=match|differ            DDP's averaged gradients on the world against one process
 //                                       on the whole batch (computed here, without DDP)
 //     ddp_grads_flat=match|differ       ... and against DDP's on the Gloo-alone group
@@ -55,15 +58,30 @@ int64_t max_of_ranks(const ddp::ProcessGroupPtr& group) {
   return value[2].item<int64_t>();
 }
 
+double average_of_ranks_plus_one(const ddp::ProcessGroupPtr& group) {
+  auto value = torch::full({5}, static_cast<double>(ddp::get_rank(group) + 1), torch::kDouble);
+  ddp::all_reduce(value, c10d::ReduceOp::AVG, group);
+  return value[4].item<double>();
+}
+
 // The same random floats (seeded by the rank) all-reduced over `world` and over `flat`: 1M + 13 of
-// them, several shared-memory chunks and parts that do not divide evenly.
-bool same_sum_as(const ddp::ProcessGroupPtr& world, const ddp::ProcessGroupPtr& flat) {
+// them, several shared-memory chunks and parts that do not divide evenly. "yes" when the results
+// agree within fp32 rounding and the world's is bit for bit the same on every rank.
+std::string same_sum_as(const ddp::ProcessGroupPtr& world, const ddp::ProcessGroupPtr& flat) {
   torch::manual_seed(100 + ddp::get_rank(world));
   auto mine = torch::randn({(1 << 20) + 13});
   auto over_world = mine.clone(), over_flat = mine.clone();
   ddp::all_reduce(over_world, c10d::ReduceOp::SUM, world);
   ddp::all_reduce(over_flat, c10d::ReduceOp::SUM, flat);
-  return torch::allclose(over_world, over_flat, 1e-5, 1e-5);
+  if (!torch::allclose(over_world, over_flat, 1e-5, 1e-5)) return "no";
+  // The bits as int32, each times its position (any change moves the sum), summed in int64; the
+  // lowest and highest over the ranks are equal when every rank holds the same bits.
+  const auto positions = torch::arange(over_world.numel(), torch::kLong);
+  auto checksum = (over_world.view(torch::kInt).to(torch::kLong) * positions).sum().reshape({1});
+  auto lowest = checksum.clone(), highest = checksum.clone();
+  ddp::all_reduce(lowest, c10d::ReduceOp::MIN, flat);
+  ddp::all_reduce(highest, c10d::ReduceOp::MAX, flat);
+  return lowest.item<int64_t>() == highest.item<int64_t>() ? "yes" : "differs between ranks";
 }
 
 // A two-layer MLP (two DDP buckets: the first one is capped at 1 MiB) on a fixed batch of 4 rows
@@ -123,6 +141,10 @@ int check() {
   std::cout << "rank=" << rank << " host=" << hostname() << " world_transport=" << ddp::transport(world) << std::endl;
   std::cout << "rank=" << rank << " world_sum=" << sum_of_ranks_plus_one(world) << " world_max=" << max_of_ranks(world)
             << std::endl;
+  // AVG: Gloo itself has none (LibTorch 1.13); the hierarchical allreduce sums, scaled.
+  if (ddp::transport(world).find("hierarchical") != std::string::npos) {
+    std::cout << "rank=" << rank << " world_avg=" << average_of_ranks_plus_one(world) << std::endl;
+  }
 
   ddp::InitOptions host_options{"gloo", env("HOST_GROUP_INIT")};
   host_options.rank = std::stoi(env("LOCAL_RANK"));
@@ -134,7 +156,7 @@ int check() {
 
   auto flat = ddp::new_group(ddp::NewGroupOptions().shared_memory(false));
   std::cout << "rank=" << rank << " flat_transport=" << ddp::transport(flat)
-            << " flat_match=" << (same_sum_as(world, flat) ? "yes" : "no") << std::endl;
+            << " flat_match=" << same_sum_as(world, flat) << std::endl;
 
   const auto grads = ddp_gradients(world);
   std::cout << "rank=" << rank << " ddp_grads=" << (close(grads, reference_gradients(ddp::get_world_size())) ? "match" : "differ")

@@ -69,10 +69,11 @@ for rank in 0 1 2 3; do
   grep -q "^rank=$rank host=simhost$host " <<<"$log" || fail "rank $rank does not report host simhost$host"
   grep -q "^rank=$rank world_sum=10 world_max=3$" <<<"$log" ||
     fail "rank $rank's world all_reduce is not 1+2+3+4 = 10 (SUM, float32) and 3 (MAX, int64)"
+  grep -q "^rank=$rank world_avg=2.5$" <<<"$log" || fail "rank $rank's world AVG (float64) is not (1+2+3+4)/4 = 2.5"
   grep -q "^rank=$rank .*host_sum=3$" <<<"$log" || fail "rank $rank's host-group all_reduce is not 1+2 = 3"
   grep -q "^rank=$rank ddp_grads=match$" <<<"$log" || fail "rank $rank's DDP gradients differ from one process's"
   grep -q "^rank=$rank flat_transport=gloo flat_match=yes$" <<<"$log" ||
-    fail "rank $rank's world all_reduce differs from a Gloo-alone group's beyond fp32 rounding"
+    fail "rank $rank's world all_reduce differs from a Gloo-alone group's beyond fp32 rounding, or between ranks"
   grep -q "^rank=$rank ddp_grads_flat=match$" <<<"$log" ||
     fail "rank $rank's DDP gradients differ from DDP's on a Gloo-alone group beyond fp32 rounding"
   # 3. What the library chose for each group.
@@ -81,8 +82,9 @@ for rank in 0 1 2 3; do
   grep -q "^rank=$rank host_transport=gloo+shm " <<<"$log" ||
     fail "rank $rank's host group does not report transport gloo+shm"
 done
-echo "one world of 4 ranks on simhost1 and simhost2: world all_reduce 10 (and MAX 3), DDP gradients match one" \
-  "process's and DDP's on Gloo alone; 1M+13 floats all-reduced equal Gloo alone's within fp32 rounding"
+echo "one world of 4 ranks on simhost1 and simhost2: world all_reduce 10 (MAX 3, AVG 2.5), DDP gradients match one" \
+  "process's and DDP's on Gloo alone; 1M+13 floats all-reduced equal Gloo alone's within fp32 rounding," \
+  "with the same bits on every rank"
 # The world's traffic crossed the shaped links (not some loopback): each host's tbf sent bytes.
 for host in 1 2; do
   qdisc=$(on_host "$host" tc -s qdisc show dev eth0)
