@@ -9,23 +9,8 @@
 #      whole job, and all_reduce and DDP's gradients are right
 # Usage: hierarchical_test.sh HOST_RANK. Exit 0: pass; 1: fail (the reason and the output);
 # 77: skipped (no root or no namespaces here).
-set -u -o pipefail
+source "$(dirname "$0")/host_test.sh"
 program=$1
-
-out=""
-fail() {
-  echo "FAIL: $1"
-  [[ -n $out ]] && printf -- '--- output ---\n%s\n' "$out"
-  exit 1
-}
-skip() {
-  echo "SKIP: $1"
-  exit 77
-}
-
-source "$(dirname "$0")/sim_hosts.sh"
-source "$(dirname "$0")/host_job.sh"
-trap sim_hosts_down EXIT
 sim_hosts_up 2 10gbit
 port=$((31000 + $$ % 1000 * 2))
 notice="the hierarchical allreduce needs the same number, two or more, on every host"

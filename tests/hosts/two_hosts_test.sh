@@ -12,23 +12,8 @@
 #      while a group of one host's ranks reports "gloo+shm"
 # Usage: two_hosts_test.sh HOST_RANK. Exit 0: pass; 1: fail (the reason and the output);
 # 77: skipped (no root or no namespaces here).
-set -u -o pipefail
+source "$(dirname "$0")/host_test.sh"
 program=$1
-
-out=""
-fail() {
-  echo "FAIL: $1"
-  [[ -n $out ]] && printf -- '--- output ---\n%s\n' "$out"
-  exit 1
-}
-skip() {
-  echo "SKIP: $1"
-  exit 77
-}
-
-source "$(dirname "$0")/sim_hosts.sh"
-source "$(dirname "$0")/host_job.sh"
-trap sim_hosts_down EXIT
 sim_hosts_up 2 10gbit
 
 # 1. Separate hosts.

@@ -1094,6 +1094,20 @@ TEST(ShmCommunicator, FrozenRankIsNamedAfterTheTimeout) {
   EXPECT_TRUE(leftovers(scratch.prefix).empty());
 }
 
+// An allreduce that must fail within a second with an error `expected` accepts: "" when it does.
+std::string allreduce_fails_at_once(shm::Communicator& comm, std::vector<float>& data,
+                                    const std::function<bool(const shm::PeerError&)>& expected) {
+  const std::int64_t start = now_ns();
+  try {
+    comm.allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kSum);
+    return "did not throw";
+  } catch (const shm::PeerError& e) {
+    if (!expected(e)) return std::string("wrong error: ") + e.what();
+    if (now_ns() - start > 1'000'000'000) return "took " + std::to_string((now_ns() - start) / 1000000) + " ms";
+  }
+  return "";
+}
+
 // A rank leaves (destroys its communicator, say after an exception of its own) while its process
 // lives on: a peer waiting for it fails at once, naming it, not at the timeout.
 TEST(ShmCommunicator, RankThatClosesItsCommunicatorIsNamedAtOnce) {
@@ -1108,18 +1122,11 @@ TEST(ShmCommunicator, RankThatClosesItsCommunicatorIsNamedAtOnce) {
       std::this_thread::sleep_for(3s);  // alive, but gone from the group
       return "";
     }
-    const std::int64_t start = now_ns();
-    try {
-      comm->allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kSum);
-      return "did not throw";
-    } catch (const shm::PeerError& e) {
-      if (e.peer() != 1 || std::string(e.what()).find("rank 1 (pid") == std::string::npos ||
-          std::string(e.what()).find("closed its communicator") == std::string::npos) {
-        return std::string("wrong error: ") + e.what();
-      }
-      if (now_ns() - start > 1'000'000'000) return "took " + std::to_string((now_ns() - start) / 1000000) + " ms";
-    }
-    return "";
+    return allreduce_fails_at_once(*comm, data, [](const shm::PeerError& e) {
+      const std::string what = e.what();
+      return e.peer() == 1 && what.find("rank 1 (pid") != std::string::npos &&
+             what.find("closed its communicator") != std::string::npos;
+    });
   });
   expect_all_good(outcomes);
   EXPECT_TRUE(leftovers(scratch.prefix).empty());
@@ -1153,19 +1160,13 @@ TEST(ShmCommunicator, ErrorsUseRankNamesAndAFailureFromOutsideStopsPeersAtOnce) 
       }
       return "";
     }
-    const std::int64_t start = now_ns();
-    try {
-      comm->allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kSum);
-      return "did not throw";
-    } catch (const shm::PeerError& e) {
+    return allreduce_fails_at_once(*comm, data, [](const shm::PeerError& e) {
       // Either comes first: rank 7 closed (named by its group rank), or rank 6's own failure.
       const std::string what = e.what();
-      const bool closed = what.find("rank 7 (pid") != std::string::npos && what.find("closed its communicator") != std::string::npos &&
-                          what.find("; rank 4 was in") != std::string::npos;
-      if (!closed && what != "rank 6: the step across hosts failed") return "wrong error: " + what;
-      if (now_ns() - start > 1'000'000'000) return "took " + std::to_string((now_ns() - start) / 1000000) + " ms";
-    }
-    return "";
+      return (what.find("rank 7 (pid") != std::string::npos && what.find("closed its communicator") != std::string::npos &&
+              what.find("; rank 4 was in") != std::string::npos) ||
+             what == "rank 6: the step across hosts failed";
+    });
   });
   expect_all_good(outcomes);
   EXPECT_TRUE(leftovers(scratch.prefix).empty());
