@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The hierarchical allreduce's other cases, on two simulated hosts (sim_hosts.sh, 10 Gbit/s links);
 # two_hosts_test.sh checks its results at 2 hosts x 2 ranks:
-#   1. TORCHDDP_HIERARCHICAL=0: the world of 2 hosts x 2 ranks is Gloo alone ("gloo"), silently,
-#      and DDP's gradients still equal one process's
+#   1. TORCHDDP_HIERARCHICAL=0 on one rank, or InitOptions().hierarchical(false) on all: the world
+#      of 2 hosts x 2 ranks is Gloo alone ("gloo"), silently, and DDP's gradients still equal one
+#      process's
 #   2. a rank killed in the middle of 33.6 MB allreduces - rank 3 (host 2), then rank 1 (host 1) -
 #      ends every other rank within 20 s with an error naming it
 #   3. uneven hosts, 2 + 1 ranks: the world is Gloo alone ("gloo") with one notice line in the
@@ -15,19 +16,24 @@ sim_hosts_up 2 10gbit
 port=$((31000 + $$ % 1000 * 2))
 notice="the hierarchical allreduce needs the same number, two or more, on every host"
 
-# 1. Switched off.
-JOB_ENV="TORCHDDP_HIERARCHICAL=0" start_job "2 2" "$port" "$program"
-await_job 120
-out=$JOB_OUT
-[[ ${JOB_CODES[*]} == "0 0 0 0" ]] || fail "TORCHDDP_HIERARCHICAL=0: exit codes ${JOB_CODES[*]} (0 0 0 0 expected)"
-for rank in 0 1 2 3; do
-  log=$(rank_log "$rank")
-  grep -q "^rank=$rank .*world_transport=gloo$" <<<"$log" ||
-    fail "TORCHDDP_HIERARCHICAL=0: rank $rank's world does not report transport gloo"
-  grep -q "^rank=$rank ddp_grads=match$" <<<"$log" || fail "TORCHDDP_HIERARCHICAL=0: rank $rank's DDP gradients differ"
+# 1. Switched off: TORCHDDP_HIERARCHICAL=0 on one rank (rank 3) is off for the group; and
+#    InitOptions().hierarchical(false) on every rank (host_rank's HOST_RANK_NO_HIERARCHICAL=1).
+for how in "JOB_ENV_3=TORCHDDP_HIERARCHICAL=0" "JOB_ENV=HOST_RANK_NO_HIERARCHICAL=1"; do
+  port=$((port + 4))
+  export "${how?}"
+  start_job "2 2" "$port" "$program"
+  unset "${how%%=*}"
+  await_job 120
+  out=$JOB_OUT
+  [[ ${JOB_CODES[*]} == "0 0 0 0" ]] || fail "$how: exit codes ${JOB_CODES[*]} (0 0 0 0 expected)"
+  for rank in 0 1 2 3; do
+    log=$(rank_log "$rank")
+    grep -q "^rank=$rank .*world_transport=gloo$" <<<"$log" || fail "$how: rank $rank's world does not report transport gloo"
+    grep -q "^rank=$rank ddp_grads=match$" <<<"$log" || fail "$how: rank $rank's DDP gradients differ"
+  done
+  ! grep -q "$notice" <<<"$out" || fail "$how printed the uneven-hosts notice"
+  echo "$how: 2 hosts x 2 ranks on gloo, no notice, DDP gradients match one process's"
 done
-! grep -q "$notice" <<<"$out" || fail "TORCHDDP_HIERARCHICAL=0 printed the uneven-hosts notice"
-echo "TORCHDDP_HIERARCHICAL=0: 2 hosts x 2 ranks on gloo, no notice, DDP gradients match one process's"
 
 # 2. A killed rank, on host 2 and on host 1.
 for victim in 3 1; do

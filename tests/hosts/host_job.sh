@@ -3,7 +3,8 @@
 #   start_job "N1 N2 .." PORT PROGRAM [ARGS..]
 #       starts N1 ranks on host 1, N2 on host 2, ... (ranks numbered host by host), each with
 #       torchrun's variables, rendezvous at host 1's address:PORT, HOST_GROUP_INIT a tcp:// address
-#       on its own host (PORT + 1) and whatever JOB_ENV holds ("NAME=VALUE ..."); each rank's output
+#       on its own host (PORT + 1) and whatever JOB_ENV holds ("NAME=VALUE ...", and JOB_ENV_<R>
+#       for rank R alone); each rank's output
 #       goes to $SIM_HOSTS_DIR/logs/rank_R.txt. Sets JOB_PIDS (by rank) and JOB_HOST (by rank).
 #   await_job SECONDS
 #       waits at most SECONDS for every rank to exit; sets JOB_CODES (by rank: the exit code, or
@@ -24,7 +25,7 @@ start_job() {
       # shellcheck disable=SC2086  # JOB_ENV is a list of NAME=VALUE words
       on_host_bg "$host" env RANK=$rank WORLD_SIZE=$world LOCAL_RANK=$local_rank LOCAL_WORLD_SIZE=$count \
         GROUP_RANK=$((host - 1)) MASTER_ADDR="$master" MASTER_PORT="$port" \
-        HOST_GROUP_INIT="tcp://$(sim_host_addr "$host"):$((port + 1))" ${JOB_ENV:-} \
+        HOST_GROUP_INIT="tcp://$(sim_host_addr "$host"):$((port + 1))" ${JOB_ENV:-} $(rank_env "$rank") \
         "$@" >"$SIM_HOSTS_DIR/logs/rank_$rank.txt" 2>&1
       JOB_PIDS+=($!)  # the rank itself: kill reaches it
       JOB_HOST+=("$host")
@@ -56,3 +57,8 @@ await_job() {
 }
 
 rank_log() { cat "$SIM_HOSTS_DIR/logs/rank_$1.txt"; }
+# JOB_ENV_<R>: more NAME=VALUE words for rank R alone.
+rank_env() {
+  local name=JOB_ENV_$1
+  echo "${!name:-}"
+}

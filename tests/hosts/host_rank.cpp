@@ -1,7 +1,7 @@
 // One rank of a job whose ranks run on several simulated hosts (sim_hosts.sh); two_hosts_test.sh and
 // hierarchical_test.sh start it with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
 // LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and HOST_GROUP_INIT, a tcp:// address on this host for
-// a group of its ranks only.
+// a group of its ranks only. HOST_RANK_NO_HIERARCHICAL=1: InitOptions().hierarchical(false).
 //   host_rank            prints one line of facts per step, for the test to check:
 //     rank=R host=H world_transport=T   the hostname it runs on; how the world group moves data
 //     world_sum=S world_max=M           all_reduce(rank + 1) over the world; MAX of the rank, int64
@@ -132,6 +132,7 @@ bool close(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>
 ddp::ProcessGroupPtr init_world() {
   ddp::InitOptions world_options{"gloo", "env://"};
   world_options.timeout = kTimeout;
+  world_options.hierarchical(std::getenv("HOST_RANK_NO_HIERARCHICAL") == nullptr);
   return ddp::init_process_group(world_options);
 }
 
