@@ -1,17 +1,28 @@
-// One rank of a job whose ranks run on several simulated hosts (sim_hosts.sh); two_hosts_test.sh
-// starts it with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
-// MASTER_PORT) and HOST_GROUP_INIT, a tcp:// address on this host for a group of its ranks only.
-// It prints one line of facts per step, for the test to check:
-//   rank=R host=H world_transport=T   the hostname it runs on; how the world group moves data
-//   world_sum=S                       all_reduce(rank + 1) over the world
-//   host_transport=T host_sum=S       the same over the group of this host's ranks
-//   ddp_grads=match|differ            DDP's averaged gradients on the world against one process
-//                                     on the whole batch (computed here, without DDP)
+// One rank of a job whose ranks run on several simulated hosts (sim_hosts.sh); two_hosts_test.sh and
+// hierarchical_test.sh start it with torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
+// LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and HOST_GROUP_INIT, a tcp:// address on this host for
+// a group of its ranks only. HOST_RANK_NO_HIERARCHICAL=1: InitOptions().hierarchical(false).
+//   host_rank            prints one line of facts per step, for the test to check:
+//     rank=R host=H world_transport=T   the hostname it runs on; how the world group moves data
+//     world_sum=S world_max=M           all_reduce(rank + 1) over the world; MAX of the rank, int64
+//     world_avg=A                       AVG of rank + 1, float64 (hierarchical worlds only)
+//     host_transport=T host_sum=S       the same over the group of this host's ranks
+//     flat_transport=T flat_match=yes|no|differs between ranks
+//                                       a group of the same ranks on Gloo alone; whether its
+//                                       all_reduce of 1M+13 random floats equals the world's
+//                                       within fp32 rounding (and the world's has the same bits
+//                                       on every rank)
+//     ddp_grads=match|differ            DDP's averaged gradients on the world against one process
+//                                       on the whole batch (computed here, without DDP)
+//     ddp_grads_flat=match|differ       ... and against DDP's on the Gloo-alone group
+//   host_rank forever    all-reduces 8.4M floats over the world until a collective fails (after
+//                        writing "rank=R ready" once), then prints "rank=R error=<message>"
 // Exit 0 when every step ran (the test judges the values), 1 with the error otherwise.
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <vector>
 #include <iostream>
 #include <string>
 
@@ -41,35 +52,100 @@ float sum_of_ranks_plus_one(const ddp::ProcessGroupPtr& group) {
   return value[0].item<float>();
 }
 
-// A Linear layer's gradients after one DDP backward over this rank's quarter of a fixed batch,
-// against one process's on the whole batch: the same model (same seed), mean-squared error.
-bool ddp_gradients_match(const ddp::ProcessGroupPtr& world) {
-  const int rank = ddp::get_rank(world), size = ddp::get_world_size(world);
-  const int64_t rows = 4 * size;
-  torch::manual_seed(1);
-  const auto inputs = torch::randn({rows, 8}), targets = torch::randn({rows, 3});
-
-  torch::manual_seed(0);
-  torch::nn::Linear reference(8, 3);
-  torch::mse_loss(reference(inputs), targets).backward();
-
-  torch::manual_seed(0);
-  torch::nn::Linear model(8, 3);
-  ddp::DistributedDataParallel ddp_model(model.ptr(), world);
-  const auto mine = torch::indexing::Slice(4 * rank, 4 * (rank + 1));
-  torch::mse_loss(ddp_model.forward(inputs.index({mine})), targets.index({mine})).backward();
-
-  return torch::allclose(model->weight.grad(), reference->weight.grad(), 1e-5, 1e-6) &&
-         torch::allclose(model->bias.grad(), reference->bias.grad(), 1e-5, 1e-6);
+int64_t max_of_ranks(const ddp::ProcessGroupPtr& group) {
+  auto value = torch::full({3}, static_cast<int64_t>(ddp::get_rank(group)), torch::kLong);
+  ddp::all_reduce(value, c10d::ReduceOp::MAX, group);
+  return value[2].item<int64_t>();
 }
 
-int run() {
+double average_of_ranks_plus_one(const ddp::ProcessGroupPtr& group) {
+  auto value = torch::full({5}, static_cast<double>(ddp::get_rank(group) + 1), torch::kDouble);
+  ddp::all_reduce(value, c10d::ReduceOp::AVG, group);
+  return value[4].item<double>();
+}
+
+// The same random floats (seeded by the rank) all-reduced over `world` and over `flat`: 1M + 13 of
+// them, several shared-memory chunks and parts that do not divide evenly. "yes" when the results
+// agree within fp32 rounding and the world's is bit for bit the same on every rank.
+std::string same_sum_as(const ddp::ProcessGroupPtr& world, const ddp::ProcessGroupPtr& flat) {
+  torch::manual_seed(100 + ddp::get_rank(world));
+  auto mine = torch::randn({(1 << 20) + 13});
+  auto over_world = mine.clone(), over_flat = mine.clone();
+  ddp::all_reduce(over_world, c10d::ReduceOp::SUM, world);
+  ddp::all_reduce(over_flat, c10d::ReduceOp::SUM, flat);
+  if (!torch::allclose(over_world, over_flat, 1e-5, 1e-5)) return "no";
+  // The bits as int32, each times its position (any change moves the sum), summed in int64; the
+  // lowest and highest over the ranks are equal when every rank holds the same bits.
+  const auto positions = torch::arange(over_world.numel(), torch::kLong);
+  auto checksum = (over_world.view(torch::kInt).to(torch::kLong) * positions).sum().reshape({1});
+  auto lowest = checksum.clone(), highest = checksum.clone();
+  ddp::all_reduce(lowest, c10d::ReduceOp::MIN, flat);
+  ddp::all_reduce(highest, c10d::ReduceOp::MAX, flat);
+  return lowest.item<int64_t>() == highest.item<int64_t>() ? "yes" : "differs between ranks";
+}
+
+// A two-layer MLP (two DDP buckets: the first one is capped at 1 MiB) on a fixed batch of 4 rows
+// per rank.
+torch::nn::Sequential make_model() {
+  torch::manual_seed(0);
+  return torch::nn::Sequential(torch::nn::Linear(256, 1024), torch::nn::ReLU(), torch::nn::Linear(1024, 8));
+}
+
+struct Batch {
+  torch::Tensor inputs, targets;
+};
+Batch make_batch(int64_t rows) {
+  torch::manual_seed(1);
+  auto inputs = torch::randn({rows, 256});
+  return {inputs, torch::randn({rows, 8})};
+}
+
+// DDP's averaged gradients after one backward over this rank's quarter of the batch.
+std::vector<torch::Tensor> ddp_gradients(const ddp::ProcessGroupPtr& group) {
+  const int rank = ddp::get_rank(group), size = ddp::get_world_size(group);
+  const Batch batch = make_batch(4 * size);
+  auto model = make_model();
+  ddp::DistributedDataParallel ddp_model(model.ptr(), group);
+  const auto mine = torch::indexing::Slice(4 * rank, 4 * (rank + 1));
+  torch::mse_loss(ddp_model.forward(batch.inputs.index({mine})), batch.targets.index({mine})).backward();
+  std::vector<torch::Tensor> grads;
+  for (const auto& parameter : model->parameters()) grads.push_back(parameter.grad().clone());
+  return grads;
+}
+
+// One process on the whole batch, without DDP.
+std::vector<torch::Tensor> reference_gradients(int size) {
+  const Batch batch = make_batch(4 * size);
+  auto model = make_model();
+  torch::mse_loss(model->forward(batch.inputs), batch.targets).backward();
+  std::vector<torch::Tensor> grads;
+  for (const auto& parameter : model->parameters()) grads.push_back(parameter.grad().clone());
+  return grads;
+}
+
+bool close(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  bool same = a.size() == b.size();
+  for (size_t i = 0; same && i < a.size(); ++i) same = torch::allclose(a[i], b[i], 1e-5, 1e-6);
+  return same;
+}
+
+ddp::ProcessGroupPtr init_world() {
   ddp::InitOptions world_options{"gloo", "env://"};
   world_options.timeout = kTimeout;
-  auto world = ddp::init_process_group(world_options);
+  world_options.hierarchical(std::getenv("HOST_RANK_NO_HIERARCHICAL") == nullptr);
+  return ddp::init_process_group(world_options);
+}
+
+int check() {
+  auto world = init_world();
   const int rank = ddp::get_rank();
   std::cout << "rank=" << rank << " host=" << hostname() << " world_transport=" << ddp::transport(world) << std::endl;
-  std::cout << "rank=" << rank << " world_sum=" << sum_of_ranks_plus_one(world) << std::endl;
+  std::cout << "rank=" << rank << " world_sum=" << sum_of_ranks_plus_one(world) << " world_max=" << max_of_ranks(world)
+            << std::endl;
+  // AVG: Gloo itself has none (LibTorch 1.13); the hierarchical allreduce sums, scaled.
+  if (ddp::transport(world).find("hierarchical") != std::string::npos) {
+    std::cout << "rank=" << rank << " world_avg=" << average_of_ranks_plus_one(world) << std::endl;
+  }
 
   ddp::InitOptions host_options{"gloo", env("HOST_GROUP_INIT")};
   host_options.rank = std::stoi(env("LOCAL_RANK"));
@@ -79,17 +155,42 @@ int run() {
   std::cout << "rank=" << rank << " host_transport=" << ddp::transport(host)
             << " host_sum=" << sum_of_ranks_plus_one(host) << std::endl;
 
-  std::cout << "rank=" << rank << " ddp_grads=" << (ddp_gradients_match(world) ? "match" : "differ") << std::endl;
+  auto flat = ddp::new_group(ddp::NewGroupOptions().shared_memory(false));
+  std::cout << "rank=" << rank << " flat_transport=" << ddp::transport(flat)
+            << " flat_match=" << same_sum_as(world, flat) << std::endl;
+
+  const auto grads = ddp_gradients(world);
+  std::cout << "rank=" << rank << " ddp_grads=" << (close(grads, reference_gradients(ddp::get_world_size())) ? "match" : "differ")
+            << std::endl;
+  std::cout << "rank=" << rank << " ddp_grads_flat=" << (close(grads, ddp_gradients(flat)) ? "match" : "differ") << std::endl;
   ddp::barrier();  // nobody tears down the store while a peer still needs it
   ddp::destroy_process_group();
   return 0;
 }
 
+int forever() {
+  auto world = init_world();
+  const int rank = ddp::get_rank();
+  auto tensor = torch::ones({8400000});
+  ddp::all_reduce(tensor);
+  std::cout << "rank=" << rank << " ready transport=" << ddp::transport(world) << std::endl;
+  try {
+    for (;;) ddp::all_reduce(tensor);
+  } catch (const ddp::CollectiveError& error) {
+    std::string message = error.what();
+    for (char& c : message) c = c == '\n' ? ' ' : c;
+    std::cout << "rank=" << rank << " error=" << message << std::endl;
+  }
+  // Out at once: the test judges the message, not how a group with a dead peer tears down.
+  std::_Exit(0);
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   try {
-    return run();
+    if (argc > 1 && std::string(argv[1]) == "forever") return forever();
+    return check();
   } catch (const std::exception& error) {
     std::cerr << "host_rank: error: " << error.what() << std::endl;
     return 1;

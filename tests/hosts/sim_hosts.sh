@@ -21,7 +21,9 @@
 #                           the caller) where root or namespaces are missing, `fail MESSAGE` when a
 #                           step that should work does not. Both must be defined by the caller.
 #   sim_host_addr I         prints host I's address (10.78.0.I)
-#   on_host I CMD [ARGS..]  runs CMD inside host I (foreground; add & to start it in the background)
+#   on_host I CMD [ARGS..]  runs CMD inside host I (foreground)
+#   on_host_bg I CMD [ARGS..]  starts CMD inside host I in the background; $! is CMD's process
+#                           (`on_host I CMD &` would make $! a subshell: killing it leaves CMD)
 #   sim_hosts_down          kills every process left on the hosts, removes the namespaces and the
 #                           state folder; safe to call twice (use it in an EXIT trap)
 # Run (by hand, benchmarks):
@@ -35,13 +37,22 @@
 
 sim_host_addr() { echo "10.78.0.$1"; }
 
+_anchor_of() { cat "$SIM_HOSTS_DIR/anchor_$1" 2>/dev/null || { echo "sim_hosts: no host $1" >&2; return 2; }; }
+
 on_host() {
-  local i=$1
+  local i=$1 anchor
   shift
-  local anchor
-  anchor=$(cat "$SIM_HOSTS_DIR/anchor_$i" 2>/dev/null) || { echo "on_host: no host $i" >&2; return 2; }
+  anchor=$(_anchor_of "$i") || return 2
   # --wd: nsenter would otherwise keep a working directory from the machine's mount namespace.
   nsenter -t "$anchor" --net --uts --ipc --mount --wd="$PWD" -- "$@"
+}
+
+on_host_bg() {
+  local i=$1 anchor
+  shift
+  anchor=$(_anchor_of "$i") || return 2
+  # nsenter execs CMD (no --fork): $! is CMD itself, so `kill $!` reaches it, not a subshell.
+  nsenter -t "$anchor" --net --uts --ipc --mount --wd="$PWD" -- "$@" &
 }
 
 # One step of the set-up that must work once namespaces do: its error text, or fail.

@@ -6,27 +6,14 @@
 #      on host 1 are absent on host 2 and on the machine
 #   2. the ranks form one world over the link: all_reduce over the world is right, DDP's gradients
 #      equal one process's on the whole batch, and each host's shaped link carried traffic
-#   3. what the library chooses: the world (ranks on two hosts) reports "gloo" - shared memory
-#      serves only groups whose ranks all share one host, so the whole world goes over TCP - while
-#      a group of one host's ranks reports "gloo+shm"
+#   3. what the library chooses: the world (2 ranks on each of two hosts) reports "gloo+shm
+#      hierarchical (2 hosts x 2)" - its allreduce goes through shared memory inside each host and
+#      Gloo across them, and equals a Gloo-alone group's (all_reduce, DDP) within fp32 rounding -
+#      while a group of one host's ranks reports "gloo+shm"
 # Usage: two_hosts_test.sh HOST_RANK. Exit 0: pass; 1: fail (the reason and the output);
 # 77: skipped (no root or no namespaces here).
-set -u -o pipefail
+source "$(dirname "$0")/host_test.sh"
 program=$1
-
-out=""
-fail() {
-  echo "FAIL: $1"
-  [[ -n $out ]] && printf -- '--- output ---\n%s\n' "$out"
-  exit 1
-}
-skip() {
-  echo "SKIP: $1"
-  exit 77
-}
-
-source "$(dirname "$0")/sim_hosts.sh"
-trap sim_hosts_down EXIT
 sim_hosts_up 2 10gbit
 
 # 1. Separate hosts.
@@ -56,46 +43,33 @@ key=$(on_host 1 ipcs -m | awk -v id="$sysv" '$2 == id { print $1 }')
 echo "separate: hostnames simhost1/simhost2; $probe and System V segment $key of host 1 are not on host 2 nor the machine"
 
 # 2. One job, 2 hosts x 2 ranks, rendezvous on host 1 over the link.
-master=$(sim_host_addr 1) port=$((29000 + $$ % 1000))
-logs=$SIM_HOSTS_DIR/logs
-mkdir -p "$logs"
-pids=()
-for host in 1 2; do
-  for local_rank in 0 1; do
-    rank=$(((host - 1) * 2 + local_rank))
-    on_host "$host" env RANK=$rank WORLD_SIZE=4 LOCAL_RANK=$local_rank LOCAL_WORLD_SIZE=2 GROUP_RANK=$((host - 1)) \
-      MASTER_ADDR="$master" MASTER_PORT=$port HOST_GROUP_INIT="tcp://$(sim_host_addr "$host"):$((port + 1))" \
-      "$program" >"$logs/rank_$rank.txt" 2>&1 &
-    pids+=($!)
-  done
-done
-codes=()
-for _ in $(seq 600); do  # bounded: 120 s (the ranks' own collectives time out after 60 s)
-  running=0
-  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && running=1; done
-  ((running)) || break
-  sleep 0.2
-done
-for pid in "${pids[@]}"; do
-  if kill -0 "$pid" 2>/dev/null; then codes+=(timeout); else wait "$pid"; codes+=($?); fi
-done
-out=$(cat "$logs"/rank_*.txt)
-[[ ${codes[*]} == "0 0 0 0" ]] || fail "the ranks' exit codes are ${codes[*]} (0 0 0 0 expected)"
+start_job "2 2" $((29000 + $$ % 1000)) "$program"
+await_job 120  # the ranks' own collectives time out after 60 s
+out=$JOB_OUT
+[[ ${JOB_CODES[*]} == "0 0 0 0" ]] || fail "the ranks' exit codes are ${JOB_CODES[*]} (0 0 0 0 expected)"
 
 for rank in 0 1 2 3; do
   host=$((rank / 2 + 1))
-  log=$(cat "$logs/rank_$rank.txt")
+  log=$(rank_log "$rank")
   grep -q "^rank=$rank host=simhost$host " <<<"$log" || fail "rank $rank does not report host simhost$host"
-  grep -q "^rank=$rank world_sum=10$" <<<"$log" || fail "rank $rank's world all_reduce is not 1+2+3+4 = 10"
+  grep -q "^rank=$rank world_sum=10 world_max=3$" <<<"$log" ||
+    fail "rank $rank's world all_reduce is not 1+2+3+4 = 10 (SUM, float32) and 3 (MAX, int64)"
+  grep -q "^rank=$rank world_avg=2.5$" <<<"$log" || fail "rank $rank's world AVG (float64) is not (1+2+3+4)/4 = 2.5"
   grep -q "^rank=$rank .*host_sum=3$" <<<"$log" || fail "rank $rank's host-group all_reduce is not 1+2 = 3"
   grep -q "^rank=$rank ddp_grads=match$" <<<"$log" || fail "rank $rank's DDP gradients differ from one process's"
+  grep -q "^rank=$rank flat_transport=gloo flat_match=yes$" <<<"$log" ||
+    fail "rank $rank's world all_reduce differs from a Gloo-alone group's beyond fp32 rounding, or between ranks"
+  grep -q "^rank=$rank ddp_grads_flat=match$" <<<"$log" ||
+    fail "rank $rank's DDP gradients differ from DDP's on a Gloo-alone group beyond fp32 rounding"
   # 3. What the library chose for each group.
-  grep -q "^rank=$rank .*world_transport=gloo$" <<<"$log" ||
-    fail "rank $rank's world group does not report transport gloo"
+  grep -q "^rank=$rank .*world_transport=gloo+shm hierarchical (2 hosts x 2)$" <<<"$log" ||
+    fail "rank $rank's world group does not report transport 'gloo+shm hierarchical (2 hosts x 2)'"
   grep -q "^rank=$rank host_transport=gloo+shm " <<<"$log" ||
     fail "rank $rank's host group does not report transport gloo+shm"
 done
-echo "one world of 4 ranks on simhost1 and simhost2: world all_reduce 10, DDP gradients match one process's"
+echo "one world of 4 ranks on simhost1 and simhost2: world all_reduce 10 (MAX 3, AVG 2.5), DDP gradients match one" \
+  "process's and DDP's on Gloo alone; 1M+13 floats all-reduced equal Gloo alone's within fp32 rounding," \
+  "with the same bits on every rank"
 # The world's traffic crossed the shaped links (not some loopback): each host's tbf sent bytes.
 for host in 1 2; do
   qdisc=$(on_host "$host" tc -s qdisc show dev eth0)
@@ -104,4 +78,4 @@ for host in 1 2; do
     fail "host $host's link is not shaped or carried nothing: $qdisc"
   echo "host $host's link (tbf 10Gbit) sent $sent bytes"
 done
-echo "transports: the world group (2 hosts) gloo; each host's group of 2 ranks gloo+shm"
+echo "transports: the world group (2 hosts x 2) gloo+shm hierarchical; each host's group of 2 ranks gloo+shm"

@@ -55,7 +55,7 @@ ProcessGroupPtr make_owned(const GroupRecipe& recipe, const std::string& prefix,
   std::unique_ptr<shm::Channel> channel;
   if (recipe.backend != "nccl") {
     channel = shm::Channel::open(c10::make_intrusive<c10d::PrefixStore>("shm", store), recipe.rank, recipe.size,
-                                 recipe.timeout, recipe.run_id, recipe.shared_memory);
+                                 recipe.timeout, recipe.run_id, recipe.shared_memory, recipe.hierarchical, device);
   }
   auto group = c10::make_intrusive<OwnedGroup>(std::move(inner), recipe, std::move(device), std::move(channel));
   const bool nccl = recipe.backend == "nccl";

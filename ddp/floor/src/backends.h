@@ -26,7 +26,7 @@ ProcessGroupPtr split_off(const ProcessGroupPtr& parent, const std::string& purp
 // c10d directly, whose timeout c10d does not tell, PyTorch's default kDefaultTimeout (30 min).
 std::chrono::milliseconds timeout_of(const ProcessGroupPtr& group);
 
-// How `group` moves data: "gloo+shm", "gloo", "nccl"; for a group built with c10d directly, its
+// How `group` moves data: "gloo+shm", "gloo+shm hierarchical (2 hosts x 2)", "gloo", "nccl"; for a group built with c10d directly, its
 // backend's name.
 std::string transport_of(const ProcessGroupPtr& group);
 

@@ -16,7 +16,7 @@ OwnedGroup::OwnedGroup(c10::intrusive_ptr<compat::CollectiveBackend> inner, Grou
 
 OwnedGroup::~OwnedGroup() = default;
 
-std::string OwnedGroup::transport() const { return inner_->getBackendName() + (shm_ ? "+shm" : ""); }
+std::string OwnedGroup::transport() const { return inner_->getBackendName() + (shm_ ? "+" + shm_->name() : ""); }
 
 // --- the collectives shared memory runs when every tensor is a dense CPU one it takes ------------
 
@@ -59,7 +59,7 @@ c10::intrusive_ptr<c10d::Work> OwnedGroup::allgather(std::vector<std::vector<at:
 }
 
 c10::intrusive_ptr<c10d::Work> OwnedGroup::barrier(const c10d::BarrierOptions& opts) {
-  if (shm_) return shm_->barrier();
+  if (shm_ && shm_->serves_barrier()) return shm_->barrier();
   return inner_->barrier(opts);
 }
 

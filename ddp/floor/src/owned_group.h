@@ -4,7 +4,8 @@
 // the library must know of a group - how it was made (so DDP can split off a group of its own),
 // its timeout, its Gloo device - and, for a Gloo group whose ranks all share one host, the
 // shared-memory channel (shm/channel.h) that runs its CPU allreduce (also coalesced), broadcast, allgather and
-// barrier without TCP. Everything else forwards to the backend's group unchanged.
+// barrier without TCP (for ranks on several hosts, the same number on each: its allreduce alone,
+// hierarchically). Everything else forwards to the backend's group unchanged.
 //
 // 1.13: an OwnedGroup is the c10d::ProcessGroup itself. 2.x: it is the c10d::Backend the
 // ProcessGroup dispatches to (compat.h), for CPU tensors (Gloo) or CUDA tensors (NCCL).
@@ -40,6 +41,7 @@ struct GroupRecipe {
   std::chrono::milliseconds timeout{0};
   std::string master_host;                 // picks Gloo's network interface
   bool shared_memory = true;               // InitOptions::shared_memory and TORCHDDP_SHM
+  bool hierarchical = true;                // InitOptions::hierarchical and TORCHDDP_HIERARCHICAL
   std::string run_id;                      // the job's (launch_environment.h): in shared-memory names
 };
 
@@ -51,7 +53,8 @@ class OwnedGroup final : public compat::CollectiveBackend {
 
   const GroupRecipe& recipe() const { return recipe_; }
   const std::shared_ptr<::gloo::transport::Device>& device() const { return device_; }
-  // "gloo+shm" when the shared-memory channel serves this group, else the backend's name.
+  // "gloo+shm" when the shared-memory channel serves this group ("gloo+shm hierarchical (2 hosts
+  // x 2)" across hosts), else the backend's name.
   std::string transport() const;
   // The n-th group split off this one (0, 1, ...): every rank splits in the same order.
   int next_split() { return splits_.fetch_add(1); }

@@ -45,6 +45,11 @@ struct InitOptions {
   // shared memory instead of TCP (the same results; README, "Shared memory"). false, or
   // TORCHDDP_SHM=0 in the environment of any rank, keeps every collective on Gloo.
   TORCH_ARG(bool, shared_memory) = true;
+  // Gloo groups whose ranks run on several hosts, the same number (two or more) on each, allreduce
+  // CPU tensors hierarchically: over shared memory inside each host, over Gloo across the hosts
+  // (README, "Several hosts"). false, or TORCHDDP_HIERARCHICAL=0 in the environment of any rank,
+  // keeps such groups on Gloo alone; shared_memory(false) does too.
+  TORCH_ARG(bool, hierarchical) = true;
 };
 
 // Creates a process group, makes it the default group and returns it.
@@ -85,8 +90,9 @@ class CollectiveError : public std::runtime_error {
 // defeats that check: keep to one or the other on a group.)
 int get_rank(const ProcessGroupPtr& group = {});
 // How `group` (the default group when null) moves data: "gloo+shm" (its ranks share this host and
-// its CPU collectives go through shared memory), "gloo", "nccl"; for a group built with c10d
-// directly, its backend's name.
+// its CPU collectives go through shared memory), "gloo+shm hierarchical (2 hosts x 2)" (its ranks
+// run on 2 hosts, 2 on each, and its CPU allreduce goes through shared memory inside each host and
+// Gloo across them), "gloo", "nccl"; for a group built with c10d directly, its backend's name.
 std::string transport(const ProcessGroupPtr& group = {});
 int get_world_size(const ProcessGroupPtr& group = {});
 void barrier(const ProcessGroupPtr& group = {});

@@ -6,12 +6,15 @@
 // No POSIX shared memory: every group runs on Gloo alone (CMakeLists.txt leaves the core out).
 namespace ddp::detail::shm {
 class Communicator {};
+class Hierarchical {};
 std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>&, int, int, std::chrono::milliseconds,
-                                       const std::string&, bool) {
+                                       const std::string&, bool, bool, const std::shared_ptr<::gloo::transport::Device>&) {
   return nullptr;
 }
 Channel::~Channel() = default;
+std::string Channel::name() const { return "shm"; }
 bool Channel::serves(const std::vector<at::Tensor>&) const { return false; }
+bool Channel::serves_barrier() const { return false; }
 bool Channel::serves_allreduce(const std::vector<at::Tensor>&, c10d::ReduceOp) const { return false; }
 bool Channel::serves_scaled_sum(const std::vector<at::Tensor>&) const { return false; }
 bool Channel::serves_allgather(const std::vector<std::vector<at::Tensor>>&, const std::vector<at::Tensor>&) const {
@@ -47,6 +50,8 @@ c10::intrusive_ptr<c10d::Work> Channel::barrier() { DDP_NO_SHM_CHANNEL("barrier"
 #include "error_text.h"
 #include "store_text.h"
 #include "shm/communicator.h"
+#include "shm/hierarchical.h"
+#include "shm/host_layout.h"
 
 namespace ddp::detail::shm {
 namespace {
@@ -83,9 +88,23 @@ std::string short_run_id(const std::string& run_id) {
   return out.empty() ? "job" : out;
 }
 
-bool environment_allows() {
-  const char* value = std::getenv("TORCHDDP_SHM");
+// TORCHDDP_SHM, TORCHDDP_HIERARCHICAL: anything but "0" (or unset) allows.
+bool environment_allows(const char* variable) {
+  const char* value = std::getenv(variable);
   return value == nullptr || std::string(value) != "0";
+}
+
+// The one line a process prints when its ranks span hosts the hierarchical allreduce cannot serve.
+void notice_flat_gloo(const HostLayout& layout) {
+  static std::atomic<bool> said{false};
+  if (said.exchange(true)) return;
+  std::string counts;
+  for (int host = 0; host < layout.hosts(); ++host) {
+    counts += (host == 0 ? "" : "+") + std::to_string(layout.ranks_on_host(host).size());
+  }
+  std::fprintf(stderr, "[torchddp] this group's ranks run on %d hosts (%s ranks): the hierarchical allreduce needs the "
+               "same number, two or more, on every host; its collectives use Gloo over TCP\n", layout.hosts(),
+               counts.c_str());
 }
 
 std::optional<DType> dtype_of(c10::ScalarType type) {
@@ -144,27 +163,41 @@ class Channel::Work final : public c10d::Work {
 };
 
 std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                       std::chrono::milliseconds timeout, const std::string& run_id, bool wanted) {
+                                       std::chrono::milliseconds timeout, const std::string& run_id, bool wanted,
+                                       bool hierarchical, const std::shared_ptr<::gloo::transport::Device>& device) {
   if (size < 2) return nullptr;  // nothing to share
   StoreRendezvous keys(store);
-  // 1. Where each rank runs, and whether it wants shared memory: the same answer on every rank.
-  const std::string where = wanted && environment_allows() ? host_identity() : "";
-  keys.set("where/" + std::to_string(rank), where.empty() ? "off" : "on " + where);
-  std::string first;
-  bool serves = !where.empty();
+  // 1. Where each rank runs, whether it wants shared memory, and whether across hosts: the same
+  //    answer on every rank ("off", or "<hierarchical: 1|0> <host identity>").
+  const std::string where = wanted && environment_allows("TORCHDDP_SHM") ? host_identity() : "";
+  const bool across = hierarchical && environment_allows("TORCHDDP_HIERARCHICAL");
+  keys.set("where/" + std::to_string(rank), where.empty() ? "off" : (across ? "1 " : "0 ") + where);
+  std::vector<std::string> identities;
+  bool all_across = true;
   for (int r = 0; r < size; ++r) {
     const std::string theirs = keys.get("where/" + std::to_string(r));
-    if (r == 0) first = theirs;
-    serves = serves && theirs != "off" && theirs == first;
+    if (theirs == "off") return nullptr;
+    all_across = all_across && theirs[0] == '1';
+    identities.push_back(theirs.substr(2));
   }
-  if (!serves) return nullptr;
+  const HostLayout layout(identities);
+  if (layout.hosts() > 1) {
+    if (!all_across) return nullptr;  // switched off: Gloo, as asked
+    if (!layout.hierarchical()) {
+      if (rank == 0) notice_flat_gloo(layout);
+      return nullptr;
+    }
+  }
 
-  // 2. Segment names no other job or group can meet: the run id and a nonce rank 0 draws.
+  // 2. Segment names no other job or group can meet: the run id and a nonce rank 0 draws (and, on
+  //    several hosts, the host's index: each host's ranks make a Communicator of their own).
   if (rank == 0) {
     std::random_device random;
     keys.set("nonce", std::to_string(random()) + std::to_string(random()));
   }
-  const std::string prefix = "/torchddp-" + short_run_id(run_id) + "-" + keys.get("nonce").substr(0, 12);
+  std::string prefix = "/torchddp-" + short_run_id(run_id) + "-" + keys.get("nonce").substr(0, 12);
+  const int host = layout.host_of(rank);
+  if (layout.hosts() > 1) prefix += "-h" + std::to_string(host);
 
   // 3. Set up, then agree: a rank may fail after a peer succeeded, and all must use one transport.
   std::unique_ptr<Communicator> communicator;
@@ -172,7 +205,13 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& st
   try {
     Options options;
     options.timeout = timeout;
-    communicator = std::make_unique<Communicator>(keys, prefix, rank, size, options);
+    if (layout.hosts() > 1) {
+      options.rank_names = layout.ranks_on_host(host);  // errors name the group's ranks
+      communicator = std::make_unique<Communicator>(keys, prefix, layout.local_rank_of(rank),
+                                                    static_cast<int>(options.rank_names.size()), options);
+    } else {
+      communicator = std::make_unique<Communicator>(keys, prefix, rank, size, options);
+    }
   } catch (const std::exception& error) {
     failure = error_text(error);
   }
@@ -186,11 +225,15 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& st
     }
     return nullptr;
   }
-  return std::unique_ptr<Channel>(new Channel(std::move(communicator)));
+  if (layout.hosts() == 1) return std::unique_ptr<Channel>(new Channel(std::move(communicator), nullptr));
+
+  // 4. Several hosts: this rank's Gloo group across them, with the ranks of its local rank.
+  auto steps = std::make_unique<Hierarchical>(layout, rank, std::move(communicator), store, device, timeout);
+  return std::unique_ptr<Channel>(new Channel(nullptr, std::move(steps)));
 }
 
-Channel::Channel(std::unique_ptr<Communicator> communicator)
-    : communicator_(std::move(communicator)), thread_([this] { run(); }) {}
+Channel::Channel(std::unique_ptr<Communicator> communicator, std::unique_ptr<Hierarchical> hierarchical)
+    : communicator_(std::move(communicator)), hierarchical_(std::move(hierarchical)), thread_([this] { run(); }) {}
 
 Channel::~Channel() {
   {
@@ -203,16 +246,21 @@ Channel::~Channel() {
 
 // --- what it serves ----------------------------------------------------------------------------
 
+std::string Channel::name() const { return hierarchical_ ? "shm " + hierarchical_->name() : "shm"; }
+
 bool Channel::serves(const std::vector<at::Tensor>& tensors) const {
-  return tensors.size() == 1 && dense_cpu(tensors[0]);
+  return !hierarchical_ && tensors.size() == 1 && dense_cpu(tensors[0]);
 }
+
+bool Channel::serves_barrier() const { return !hierarchical_; }
 
 bool Channel::serves_allreduce(const std::vector<at::Tensor>& tensors, c10d::ReduceOp op) const {
   if (tensors.empty() || !dtype_of(tensors[0].scalar_type()) || !op_of(op)) return false;
   for (const at::Tensor& tensor : tensors) {
     if (!dense_cpu(tensor) || tensor.scalar_type() != tensors[0].scalar_type()) return false;
   }
-  return supported(*dtype_of(tensors[0].scalar_type()), *op_of(op));
+  const DType dtype = *dtype_of(tensors[0].scalar_type());
+  return hierarchical_ ? Hierarchical::serves(dtype, *op_of(op)) : supported(dtype, *op_of(op));
 }
 
 bool Channel::serves_scaled_sum(const std::vector<at::Tensor>& tensors) const {
@@ -239,6 +287,10 @@ c10::intrusive_ptr<c10d::Work> Channel::allreduce(std::vector<at::Tensor>& tenso
   const Op reduce = *op_of(op);
   const auto type = tensors.size() == 1 ? c10d::OpType::ALLREDUCE : c10d::OpType::ALLREDUCE_COALESCED;
   return issue(type, tensors, [this, tensors, dtype, reduce, scale] {
+    if (hierarchical_) {
+      hierarchical_->allreduce(tensors, dtype, reduce, scale);
+      return;
+    }
     std::vector<Span> spans;
     spans.reserve(tensors.size());
     for (const at::Tensor& tensor : tensors) spans.push_back({tensor.data_ptr(), static_cast<std::size_t>(tensor.numel())});

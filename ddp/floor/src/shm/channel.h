@@ -1,5 +1,7 @@
 #pragma once
-// The shared-memory channel of a Gloo group whose ranks all run on one host: c10d's asynchronous
+// The shared-memory channel of a Gloo group whose ranks all run on one host - or on several hosts
+// with the same number (two or more) on each, where it runs only the allreduce, hierarchically
+// (hierarchical.h: shared memory inside each host, Gloo across them): c10d's asynchronous
 // collectives (a Work per call, finished later) over a Communicator (communicator.h), which is
 // synchronous and single-threaded. One thread per channel runs the collectives in the order they
 // were issued; a Work completes when its collective has, so DDP keeps launching buckets while
@@ -9,8 +11,9 @@
 // float16 (summed in float32), int32, int64 or uint8; allreduce of one tensor or of a list of one
 // dtype taken as one array (c10d's allreduce_coalesced; DDP's buckets reduced where the gradients
 // lie) with SUM, AVG, MAX, MIN, PRODUCT (AVG only of floating types; a floating SUM may be scaled
-// in the same pass); broadcast; allgather into same-shaped outputs; barrier. The owner
-// (owned_group.h) sends everything else to Gloo.
+// in the same pass); broadcast; allgather into same-shaped outputs; barrier. Hierarchical: the
+// allreduce alone, of float32, float64, int32 and int64. The owner (owned_group.h) sends
+// everything else to Gloo.
 //
 // Thread-safety: the collectives may be issued from any thread; the channel serializes them in
 // the order of the calls, which every rank must make in the same order (as with any backend).
@@ -28,24 +31,38 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+namespace gloo::transport {
+class Device;
+}
+
 namespace ddp::detail::shm {
 
 class Communicator;
+class Hierarchical;
 
 class Channel {
  public:
   // Collective: every rank of the group calls it with the same arguments but its rank. Returns
   // the channel, or null on every rank alike - when `wanted` is false or TORCHDDP_SHM=0 on any
-  // rank, when the ranks are not all on this host (hostname and boot id, compared through the
-  // store), or when any rank's set-up fails (no /dev/shm, full, ...; said once on stderr) - and
-  // the group then runs on Gloo alone. `store` is the group's own (prefixed) store.
+  // rank; when the ranks span several hosts (hostname, boot id and /dev/shm mount, compared
+  // through the store) and `hierarchical` is false or TORCHDDP_HIERARCHICAL=0 on any rank, or the
+  // hosts run different numbers of ranks, or one each (said once per process on rank 0's stderr);
+  // when any rank's set-up fails (no /dev/shm, full, ...; said once on stderr) - and the group
+  // then runs on Gloo alone. `store` is the group's own (prefixed) store; `device` is the group's
+  // Gloo device, which the hierarchical allreduce's Gloo groups across the hosts share.
   static std::unique_ptr<Channel> open(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                       std::chrono::milliseconds timeout, const std::string& run_id, bool wanted);
+                                       std::chrono::milliseconds timeout, const std::string& run_id, bool wanted,
+                                       bool hierarchical, const std::shared_ptr<::gloo::transport::Device>& device);
   ~Channel();  // runs what was issued, then stops the thread
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
 
+  // "shm", or "shm hierarchical (2 hosts x 2)".
+  std::string name() const;
+
+  // Broadcast of these (one tensor); barrier.
   bool serves(const std::vector<at::Tensor>& tensors) const;
+  bool serves_barrier() const;
   // A non-empty list of one dtype (the caller decides whether a list means "coalesced").
   bool serves_allreduce(const std::vector<at::Tensor>& tensors, c10d::ReduceOp op) const;
   // Whether a SUM of these may be scaled (serves_allreduce, of a floating dtype).
@@ -63,13 +80,15 @@ class Channel {
 
  private:
   class Work;
-  explicit Channel(std::unique_ptr<Communicator> communicator);
+  Channel(std::unique_ptr<Communicator> communicator, std::unique_ptr<Hierarchical> hierarchical);
   // Queues `body` (run on the channel's thread) and returns the Work it completes.
   c10::intrusive_ptr<c10d::Work> issue(c10d::OpType type, std::vector<at::Tensor> result,
                                        std::function<void()> body);
   void run();
 
+  // One of the two: every rank of the group on this host, or several hosts (the allreduce only).
   std::unique_ptr<Communicator> communicator_;
+  std::unique_ptr<Hierarchical> hierarchical_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::function<void()>> queue_;

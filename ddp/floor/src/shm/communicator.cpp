@@ -142,6 +142,10 @@ Communicator::Communicator(Rendezvous& rendezvous, const std::string& name_prefi
     throw std::invalid_argument("shm::Communicator: rank " + std::to_string(rank) + " of " + std::to_string(size) + " is not a rank");
   }
   if (options_.timeout.count() <= 0) throw std::invalid_argument("shm::Communicator: the timeout must be positive");
+  if (!options_.rank_names.empty() && options_.rank_names.size() != static_cast<std::size_t>(size)) {
+    throw std::invalid_argument("shm::Communicator: rank_names has " + std::to_string(options_.rank_names.size()) +
+                                " entries for " + std::to_string(size) + " ranks");
+  }
   options_.chunk_bytes = (std::max<std::size_t>(options_.chunk_bytes, 64) + 63) / 64 * 64;
   options_.one_step_bytes = std::min(options_.one_step_bytes, options_.chunk_bytes);
   if (size_ == 1) return;  // nothing to share
@@ -272,7 +276,7 @@ void Communicator::run(const Descriptor& descriptor, Body&& body) {
     fail(e);
     throw;
   } catch (const std::exception& e) {
-    const PeerError error(rank_, "rank " + std::to_string(rank_) + " failed in " + describe(current()) + ": " + e.what());
+    const PeerError error(rank_, name(rank_) + " failed in " + describe(current()) + ": " + e.what());
     fail(error);
     throw error;
   }
@@ -348,9 +352,8 @@ void Communicator::check_descriptors() {
     const int low = std::min(rank_, p), high = std::max(rank_, p);
     const Descriptor& low_runs = low == rank_ ? mine : theirs;
     const Descriptor& high_runs = low == rank_ ? theirs : mine;
-    throw PeerError(p, "rank " + std::to_string(low) + " and rank " + std::to_string(high) + " are not running the same collective: rank " +
-                           std::to_string(low) + " runs " + describe(low_runs) + ", rank " + std::to_string(high) + " runs " +
-                           describe(high_runs));
+    throw PeerError(p, name(low) + " and " + name(high) + " are not running the same collective: " + name(low) + " runs " +
+                           describe(low_runs) + ", " + name(high) + " runs " + describe(high_runs));
   }
 }
 
@@ -392,7 +395,7 @@ void Communicator::check_departed_peers(std::uint32_t target, const Step& step, 
     } else {
       continue;
     }
-    throw PeerError(p, "rank " + std::to_string(p) + " (pid " + std::to_string(peer.control->pid) + ")" + what + "; rank " + std::to_string(rank_) +
+    throw PeerError(p, name(p) + " (pid " + std::to_string(peer.control->pid) + ")" + what + "; " + name(rank_) +
                            " was in " + where(describe(current()), step.chunk, step.chunks, step.waiting_for));
   }
 }
@@ -407,17 +410,20 @@ void Communicator::throw_timeout(std::uint32_t target, const Step& step, int lat
     if (p == rank_ || reached(peer.control->progress.count.load(std::memory_order_acquire), target)) continue;
     const ProcessInfo info = peer.check_pid ? read_process(peer.control->pid) : ProcessInfo{};
     if (!lagging.empty()) names += ", ";
-    names += who(p, peer.control->pid, info);
+    names += who(number_of(p), peer.control->pid, info);
     lagging.push_back(p);
   }
   if (lagging.empty()) {  // `late` arrived just now, after the deadline
     lagging.push_back(late);
-    names = std::to_string(late);
+    names = std::to_string(number_of(late));
   }
   const std::string subject = lagging.size() == 1 ? "rank " + names + " did not arrive" : "ranks " + names + " did not arrive";
-  throw PeerError(lagging.front(), subject + " within " + std::to_string(options_.timeout.count()) + " ms; rank " + std::to_string(rank_) +
+  throw PeerError(lagging.front(), subject + " within " + std::to_string(options_.timeout.count()) + " ms; " + name(rank_) +
                                        " was in " + where(describe(current()), step.chunk, step.chunks, step.waiting_for));
 }
+
+int Communicator::number_of(int rank) const { return options_.rank_names.empty() ? rank : options_.rank_names.at(rank); }
+std::string Communicator::name(int rank) const { return "rank " + std::to_string(number_of(rank)); }
 
 // This rank is out: keep the error for every later call, publish it (message first, then the
 // flag) and wake every sleeper of the group, whichever counter it sleeps on, so they see it.
@@ -427,6 +433,7 @@ void Communicator::fail(const PeerError& error) noexcept {
     error_ = std::make_unique<PeerError>(error);
   } catch (...) {
   }
+  if (peers_.empty()) return;  // a group of one: nobody to tell
   ControlBlock& mine = *peers_[rank_].control;
   mine.culprit = error.peer();
   std::strncpy(mine.message, error.what(), kMessageBytes - 1);

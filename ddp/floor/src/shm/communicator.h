@@ -93,6 +93,9 @@ struct Options {
   // How long a wait polls (yielding the core now and then) before it sleeps on the futex;
   // negative: 20 us, or 2 us when the process may use fewer CPUs than there are ranks.
   std::chrono::microseconds spin{-1};
+  // The numbers error messages give the ranks: rank r is "rank rank_names[r]" (a host's ranks in a
+  // hierarchical allreduce are named by their rank in the whole group). Empty: r itself.
+  std::vector<int> rank_names;
 };
 
 class Communicator {
@@ -152,6 +155,10 @@ class Communicator {
   // The collectives above throw PeerError when a peer fails them (see the top of this file);
   // after that every call throws the same error again.
   bool failed() const noexcept { return error_ != nullptr; }
+  // This rank fails with `error`, which happened outside the communicator (a hierarchical
+  // allreduce's step across hosts): every later call throws it, and peers waiting for this rank
+  // fail at once with its text. Only the first failure is kept.
+  void fail(const PeerError& error) noexcept;
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   const Options& options() const noexcept { return options_; }
@@ -182,7 +189,8 @@ class Communicator {
   void check_failed_peers();
   void check_departed_peers(std::uint32_t target, const Step& step, bool look_at_pids);
   [[noreturn]] void throw_timeout(std::uint32_t target, const Step& step, int late);
-  void fail(const PeerError& error) noexcept;
+  int number_of(int rank) const;     // the number errors give `rank` (Options::rank_names)
+  std::string name(int rank) const;  // "rank <number>"
   std::string describe(const Descriptor& descriptor) const;
 
   void allreduce_direct(const std::vector<Span>& spans, std::size_t count, DType dtype, Op op, double scale);

@@ -1094,6 +1094,20 @@ TEST(ShmCommunicator, FrozenRankIsNamedAfterTheTimeout) {
   EXPECT_TRUE(leftovers(scratch.prefix).empty());
 }
 
+// An allreduce that must fail within a second with an error `expected` accepts: "" when it does.
+std::string allreduce_fails_at_once(shm::Communicator& comm, std::vector<float>& data,
+                                    const std::function<bool(const shm::PeerError&)>& expected) {
+  const std::int64_t start = now_ns();
+  try {
+    comm.allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kSum);
+    return "did not throw";
+  } catch (const shm::PeerError& e) {
+    if (!expected(e)) return std::string("wrong error: ") + e.what();
+    if (now_ns() - start > 1'000'000'000) return "took " + std::to_string((now_ns() - start) / 1000000) + " ms";
+  }
+  return "";
+}
+
 // A rank leaves (destroys its communicator, say after an exception of its own) while its process
 // lives on: a peer waiting for it fails at once, naming it, not at the timeout.
 TEST(ShmCommunicator, RankThatClosesItsCommunicatorIsNamedAtOnce) {
@@ -1108,21 +1122,67 @@ TEST(ShmCommunicator, RankThatClosesItsCommunicatorIsNamedAtOnce) {
       std::this_thread::sleep_for(3s);  // alive, but gone from the group
       return "";
     }
-    const std::int64_t start = now_ns();
-    try {
-      comm->allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kSum);
-      return "did not throw";
-    } catch (const shm::PeerError& e) {
-      if (e.peer() != 1 || std::string(e.what()).find("rank 1 (pid") == std::string::npos ||
-          std::string(e.what()).find("closed its communicator") == std::string::npos) {
-        return std::string("wrong error: ") + e.what();
-      }
-      if (now_ns() - start > 1'000'000'000) return "took " + std::to_string((now_ns() - start) / 1000000) + " ms";
-    }
-    return "";
+    return allreduce_fails_at_once(*comm, data, [](const shm::PeerError& e) {
+      const std::string what = e.what();
+      return e.peer() == 1 && what.find("rank 1 (pid") != std::string::npos &&
+             what.find("closed its communicator") != std::string::npos;
+    });
   });
   expect_all_good(outcomes);
   EXPECT_TRUE(leftovers(scratch.prefix).empty());
+}
+
+// A host's ranks in a hierarchical allreduce (hierarchical.h): errors name them by rank_names (their
+// ranks in the whole group), and a failure outside the communicator (fail(), as when the Gloo step
+// across hosts fails) stops a waiting peer at once with its text.
+TEST(ShmCommunicator, ErrorsUseRankNamesAndAFailureFromOutsideStopsPeersAtOnce) {
+  Scratch scratch;
+  const auto outcomes = run_ranks(3, scratch, [&](int rank) -> std::string {
+    FileRendezvous rendezvous(scratch.folder);
+    shm::Options options = test_options();
+    options.rank_names = {4, 6, 7};
+    auto comm = std::make_unique<shm::Communicator>(rendezvous, scratch.prefix, rank, 3, options);
+    std::vector<float> data(100000, 1.0f);
+    comm->allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kSum);
+    if (rank == 2) {  // gone from the group, alive: named "rank 7"
+      comm.reset();
+      std::this_thread::sleep_for(3s);
+      return "";
+    }
+    if (rank == 1) {  // fails from outside while rank 0 waits for it
+      std::this_thread::sleep_for(200ms);
+      comm->fail(shm::PeerError(1, "rank 6: the step across hosts failed"));
+      try {
+        comm->barrier();
+        return "barrier after fail() did not throw";
+      } catch (const shm::PeerError& e) {
+        if (std::string(e.what()) != "rank 6: the step across hosts failed") return std::string("wrong error: ") + e.what();
+      }
+      return "";
+    }
+    return allreduce_fails_at_once(*comm, data, [](const shm::PeerError& e) {
+      // Either comes first: rank 7 closed (named by its group rank), or rank 6's own failure.
+      const std::string what = e.what();
+      return (what.find("rank 7 (pid") != std::string::npos && what.find("closed its communicator") != std::string::npos &&
+              what.find("; rank 4 was in") != std::string::npos) ||
+             what == "rank 6: the step across hosts failed";
+    });
+  });
+  expect_all_good(outcomes);
+  EXPECT_TRUE(leftovers(scratch.prefix).empty());
+}
+
+TEST(ShmCommunicator, RankNamesMustNameEveryRank) {
+  Scratch scratch;
+  FileRendezvous rendezvous(scratch.folder);
+  shm::Options options = test_options();
+  options.rank_names = {4};
+  try {
+    shm::Communicator comm(rendezvous, scratch.prefix, 0, 2, options);
+    FAIL() << "did not throw";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "shm::Communicator: rank_names has 1 entries for 2 ranks");
+  }
 }
 
 TEST(ShmCommunicator, NothingIsLeftInDevShmAfterSetupOrDestruction) {

@@ -1,0 +1,172 @@
+// The hierarchical allreduce (hierarchical.h): shared memory inside each host, Gloo across them.
+#ifndef _WIN32  // no POSIX shared memory: channel.cpp never makes one
+
+#include "shm/hierarchical.h"
+
+#include <condition_variable>
+#include <mutex>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "error_text.h"
+#include "store_text.h"
+
+namespace ddp::detail::shm {
+namespace {
+
+// Gloo's reduction for part l across the hosts; AVG is a SUM there (the host's step scaled it).
+c10d::ReduceOp across_op(Op op) {
+  switch (op) {
+    case Op::kMax: return c10d::ReduceOp::MAX;
+    case Op::kMin: return c10d::ReduceOp::MIN;
+    case Op::kProduct: return c10d::ReduceOp::PRODUCT;
+    case Op::kSum:
+    case Op::kAvg: break;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+}  // namespace
+
+Hierarchical::Hierarchical(HostLayout layout, int rank, std::unique_ptr<Communicator> local,
+                           const c10::intrusive_ptr<c10d::Store>& store,
+                           const std::shared_ptr<::gloo::transport::Device>& device, std::chrono::milliseconds timeout)
+    : layout_(std::move(layout)), rank_(rank), local_(std::move(local)), store_(store) {
+  // The ranks of my local rank on every host, numbered by host: their own keys under the store.
+  const int local_rank = layout_.local_rank_of(rank_);
+  auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+  options->devices.push_back(device);
+  across_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+      c10::make_intrusive<c10d::PrefixStore>("across/" + std::to_string(local_rank), store), layout_.host_of(rank_),
+      layout_.hosts(), options);
+}
+
+Hierarchical::~Hierarchical() = default;
+
+bool Hierarchical::serves(DType dtype, Op op) {
+  const bool types = dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kInt32 || dtype == DType::kInt64;
+  return types && supported(dtype, op);
+}
+
+std::string Hierarchical::name() const {
+  return "hierarchical (" + std::to_string(layout_.hosts()) + " hosts x " + std::to_string(local_->size()) + ")";
+}
+
+void Hierarchical::allreduce(const std::vector<at::Tensor>& tensors, DType dtype, Op op, double scale) {
+  try {
+    run(tensors, dtype, op, scale);
+  } catch (const PeerError& error) {
+    tell_other_hosts(error.what());
+    throw;
+  }
+}
+
+void Hierarchical::run(const std::vector<at::Tensor>& tensors, DType dtype, Op op, double scale) {
+  // One array: the tensor itself, or the list (a bucket's gradients where they lie) copied into one.
+  std::vector<at::Tensor> flattened;
+  for (const at::Tensor& tensor : tensors) flattened.push_back(tensor.view(-1));
+  at::Tensor array = flattened.size() == 1 ? flattened[0] : at::cat(flattened);
+  const auto count = static_cast<std::size_t>(array.numel());
+
+  // 1. Inside the host: my part of the host's reduction. AVG divides by the whole group's size
+  //    here, and sums across the hosts (the hosts run the same number of ranks).
+  const Op local_op = op == Op::kAvg ? Op::kSum : op;
+  const double local_scale = op == Op::kAvg ? 1.0 / layout_.size() : scale;
+  local_->reduce_scatter(array.data_ptr(), count, dtype, local_op, local_scale);
+
+  // 2. Across the hosts: my part, with the ranks of my local rank (an empty part on every one of
+  //    them alike, for arrays of under 64 bytes per local rank).
+  const auto [first, second] = local_->part(local_->rank(), count, dtype);
+  if (second > first) {
+    allreduce_part(array.narrow(0, static_cast<int64_t>(first), static_cast<int64_t>(second - first)), op);
+  }
+
+  // 3. Inside the host: every local rank's part into every array.
+  local_->allgather_parts(array.data_ptr(), count, dtype);
+  if (flattened.size() > 1) {
+    int64_t offset = 0;
+    for (at::Tensor& piece : flattened) {
+      piece.copy_(array.narrow(0, offset, piece.numel()));
+      offset += piece.numel();
+    }
+  }
+}
+
+void Hierarchical::allreduce_part(const at::Tensor& part, Op op) {
+  std::vector<at::Tensor> tensors{part};
+  c10d::AllreduceOptions options;
+  options.reduceOp = across_op(op);
+  const auto work = across_->allreduce(tensors, options);
+  std::string told = wait_watching(work);
+  try {
+    work->wait();  // done (wait_watching): throws Gloo's error, if any
+  } catch (const std::exception& error) {
+    // Name the ranks this one reduced with (one of them, or what stopped it, is the cause), and
+    // what another rank told of its failure; then fail my host's Communicator with that text: my
+    // host's peers wait for my next step and would otherwise wait until the timeout.
+    if (told.empty()) told = failure_told();
+    std::string partners;
+    for (int rank : layout_.ranks_with_local_rank(layout_.local_rank_of(rank_))) {
+      if (rank == rank_) continue;
+      partners += (partners.empty() ? "rank " : ", rank ") + std::to_string(rank);
+    }
+    const PeerError failure(local_->rank(), "rank " + std::to_string(rank_) + ": the allreduce across hosts with " +
+                                                partners + " failed" +
+                                                (told.empty() ? "" : " after another rank failed (" + told + ")") + ": " +
+                                                error_text(error));
+    local_->fail(failure);
+    throw failure;
+  }
+}
+
+// Until `work` is done (Gloo bounds it by the group's timeout), looking every quarter second for a
+// failure another rank told of: by the time the rank that failed leaves, and Gloo fails here
+// because of it, the store may have left with it (rank 0 hosts it).
+std::string Hierarchical::wait_watching(const c10::intrusive_ptr<c10d::Work>& work) const {
+  struct Done {
+    std::mutex mutex;
+    std::condition_variable finished;
+    bool done = false;
+  };
+  auto done = std::make_shared<Done>();  // the callback may run after this returns (it cannot here)
+  work->getFuture()->addCallback([done](c10::ivalue::Future&) {
+    std::lock_guard<std::mutex> lock(done->mutex);
+    done->done = true;
+    done->finished.notify_all();
+  });
+  std::string told;
+  std::unique_lock<std::mutex> lock(done->mutex);
+  while (!done->finished.wait_for(lock, std::chrono::milliseconds(250), [&] { return done->done; })) {
+    if (!told.empty()) continue;
+    lock.unlock();
+    told = failure_told();
+    lock.lock();
+  }
+  return told;
+}
+
+// The first failure of the group, under one key of its store; only the first rank to fail writes it.
+void Hierarchical::tell_other_hosts(const std::string& what) noexcept {
+  if (told_other_hosts_) return;
+  told_other_hosts_ = true;
+  try {
+    if (store_->add("failure/count", 1) == 1) store_->set("failure", bytes_of(what));
+  } catch (...) {  // the store is gone too (its host failed): the others learn from Gloo alone
+  }
+}
+
+std::string Hierarchical::failure_told() const noexcept {
+  try {
+    if (store_->check({"failure"})) return text_of(store_->get("failure"));
+  } catch (...) {
+  }
+  return "";
+}
+
+}  // namespace ddp::detail::shm
+
+#endif  // _WIN32

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The hierarchical allreduce's other cases, on two simulated hosts (sim_hosts.sh, 10 Gbit/s links);
+# two_hosts_test.sh checks its results at 2 hosts x 2 ranks:
+#   1. TORCHDDP_HIERARCHICAL=0 on one rank, or InitOptions().hierarchical(false) on all: the world
+#      of 2 hosts x 2 ranks is Gloo alone ("gloo"), silently, and DDP's gradients still equal one
+#      process's
+#   2. a rank killed in the middle of 33.6 MB allreduces - rank 3 (host 2), then rank 1 (host 1) -
+#      ends every other rank within 20 s with an error naming it
+#   3. uneven hosts, 2 + 1 ranks: the world is Gloo alone ("gloo") with one notice line in the
+#      whole job, and all_reduce and DDP's gradients are right
+# Usage: hierarchical_test.sh HOST_RANK. Exit 0: pass; 1: fail (the reason and the output);
+# 77: skipped (no root or no namespaces here).
+source "$(dirname "$0")/host_test.sh"
+program=$1
+sim_hosts_up 2 10gbit
+port=$((31000 + $$ % 1000 * 2))
+notice="the hierarchical allreduce needs the same number, two or more, on every host"
+
+# 1. Switched off: TORCHDDP_HIERARCHICAL=0 on one rank (rank 3) is off for the group; and
+#    InitOptions().hierarchical(false) on every rank (host_rank's HOST_RANK_NO_HIERARCHICAL=1).
+for how in "JOB_ENV_3=TORCHDDP_HIERARCHICAL=0" "JOB_ENV=HOST_RANK_NO_HIERARCHICAL=1"; do
+  port=$((port + 4))
+  export "${how?}"
+  start_job "2 2" "$port" "$program"
+  unset "${how%%=*}"
+  await_job 120
+  out=$JOB_OUT
+  [[ ${JOB_CODES[*]} == "0 0 0 0" ]] || fail "$how: exit codes ${JOB_CODES[*]} (0 0 0 0 expected)"
+  for rank in 0 1 2 3; do
+    log=$(rank_log "$rank")
+    grep -q "^rank=$rank .*world_transport=gloo$" <<<"$log" || fail "$how: rank $rank's world does not report transport gloo"
+    grep -q "^rank=$rank ddp_grads=match$" <<<"$log" || fail "$how: rank $rank's DDP gradients differ"
+  done
+  ! grep -q "$notice" <<<"$out" || fail "$how printed the uneven-hosts notice"
+  echo "$how: 2 hosts x 2 ranks on gloo, no notice, DDP gradients match one process's"
+done
+
+# 2. A killed rank, on host 2 and on host 1.
+for victim in 3 1; do
+  port=$((port + 4))
+  start_job "2 2" "$port" "$program" forever
+  for _ in $(seq 300); do  # bounded: 60 s for every rank to be in its loop
+    [[ $(cat "$SIM_HOSTS_DIR"/logs/rank_*.txt | grep -c " ready ") == 4 ]] && break
+    sleep 0.2
+  done
+  out=$(cat "$SIM_HOSTS_DIR"/logs/rank_*.txt)
+  [[ $(grep -c " ready transport=gloo+shm hierarchical (2 hosts x 2)$" <<<"$out") == 4 ]] ||
+    { await_job 1; fail "not every rank of 2 hosts x 2 started all-reducing hierarchically"; }
+  sleep 0.$((RANDOM % 9 + 1))
+  { kill -9 "${JOB_PIDS[$victim]}" && wait "${JOB_PIDS[$victim]}"; } 2>/dev/null  # no "Killed" notice
+  killed_at=$SECONDS
+  await_job 20
+  out=$JOB_OUT
+  elapsed=$((SECONDS - killed_at))
+  for rank in 0 1 2 3; do
+    [[ $rank == "$victim" ]] && continue
+    [[ ${JOB_CODES[$rank]} == 0 ]] ||
+      fail "rank $rank did not end within 20 s of rank $victim (host ${JOB_HOST[$victim]}) being killed: ${JOB_CODES[$rank]}"
+    grep -q "^rank=$rank error=.*rank $victim[^0-9]" <<<"$(rank_log "$rank")" ||
+      fail "rank $rank's error does not name killed rank $victim"
+    echo "  rank $rank: $(grep "^rank=$rank error=" <<<"$(rank_log "$rank")" | cut -c1-300)"
+  done
+  echo "rank $victim (host ${JOB_HOST[$victim]}) killed: the other 3 ranks ended within ${elapsed} s naming it"
+done
+
+# 3. Uneven hosts: 2 + 1 ranks.
+port=$((port + 4))
+start_job "2 1" "$port" "$program"
+await_job 120
+out=$JOB_OUT
+[[ ${JOB_CODES[*]} == "0 0 0" ]] || fail "2 + 1 ranks: exit codes ${JOB_CODES[*]} (0 0 0 expected)"
+for rank in 0 1 2; do
+  log=$(rank_log "$rank")
+  grep -q "^rank=$rank .*world_transport=gloo$" <<<"$log" || fail "2 + 1 ranks: rank $rank's world does not report gloo"
+  grep -q "^rank=$rank world_sum=6 world_max=2$" <<<"$log" || fail "2 + 1 ranks: rank $rank's world all_reduce is wrong"
+  grep -q "^rank=$rank ddp_grads=match$" <<<"$log" || fail "2 + 1 ranks: rank $rank's DDP gradients differ"
+done
+[[ $(grep -c "$notice" <<<"$out") == 1 ]] || fail "2 + 1 ranks: the notice is not printed exactly once in the job"
+grep -q "run on 2 hosts (2+1 ranks)" <<<"$(rank_log 0)" || fail "2 + 1 ranks: rank 0 does not print the notice"
+echo "2 + 1 ranks: gloo, one notice ($(grep "$notice" <<<"$out")), all_reduce and DDP gradients right"
