@@ -2,6 +2,8 @@
 // Small models shared by the DDP tests.
 #include <torch/torch.h>
 
+#include "multiprocess.h"
+
 namespace ddp::test {
 
 struct MLPImpl : torch::nn::Module {
@@ -76,6 +78,15 @@ inline void copy_parameters(torch::nn::Module& from, torch::nn::Module& to) {
   torch::NoGradGuard no_grad;
   auto src = from.parameters(), dst = to.parameters();
   for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+}
+
+// Fails naming `what` and the first parameter of `got` that is not bitwise equal to `want`'s.
+inline void expect_bitwise(MLP& got, MLP& want, const std::string& what) {
+  const auto params = got->parameters(), expected = want->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    require(torch::equal(params[i], expected[i]), what + ": parameter " + std::to_string(i) + " differs by " +
+                                                      std::to_string((params[i] - expected[i]).abs().max().item<double>()));
+  }
 }
 
 }  // namespace ddp::test

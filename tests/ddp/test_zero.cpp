@@ -281,14 +281,6 @@ TEST(Zero, LearningRateSchedulerReachesTheShards) { EXPECT_WORKERS_OK(run_worker
 using ZeroAdam = ddp::ZeroRedundancyOptimizer<torch::optim::Adam>;
 const auto kAdam = torch::optim::AdamOptions(1e-2).amsgrad(true);
 
-void expect_bitwise(MLP& got, MLP& want, const std::string& what) {
-  const auto params = got->parameters(), expected = want->parameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    require(torch::equal(params[i], expected[i]), what + ": parameter " + std::to_string(i) + " differs by " +
-                                                      std::to_string((params[i] - expected[i]).abs().max().item<double>()));
-  }
-}
-
 std::string zero_checkpoint() { return shared_dir() + "/zero.pt"; }
 
 // Two ranks: 5 steps, save; a fresh model and optimizer load it and run 5 more, equal to 10 straight.

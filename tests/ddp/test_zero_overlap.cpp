@@ -21,15 +21,7 @@ using namespace ddp::test;
 using Model = ddp::DistributedDataParallel<MLPImpl>;
 
 // One bucket per parameter: the MLP has 6, so every rank owns some at 2 and 3 ranks.
-ddp::DDPOptions small_buckets() { return ddp::DDPOptions().bucket_cap_mb(0).first_bucket_cap_mb(0); }
-
-void expect_bitwise(MLP& got, MLP& want, const std::string& what) {
-  const auto params = got->parameters(), expected = want->parameters();
-  for (size_t i = 0; i < params.size(); ++i) {
-    require(torch::equal(params[i], expected[i]), what + ": parameter " + std::to_string(i) + " differs by " +
-                                                      std::to_string((params[i] - expected[i]).abs().max().item<double>()));
-  }
-}
+ddp::DDPOptions bucket_per_parameter() { return ddp::DDPOptions().bucket_cap_mb(0).first_bucket_cap_mb(0); }
 
 // One synchronized iteration of `model` on this rank's shard of batch `step`.
 void backward(Model& model, int step) {
@@ -38,7 +30,7 @@ void backward(Model& model, int step) {
   torch::mse_loss(model.forward(shard(x, rank, world)), shard(y, rank, world)).backward();
 }
 
-struct Case {
+struct OverlapCase {
   bool interleaved;
   bool shard_buckets;
 };
@@ -56,7 +48,7 @@ std::vector<int64_t> sharded_loads(int world) {
 // the same bucket rebuild everywhere, so the averages are bitwise the same), then 10 steps; all
 // three must end equal.
 template <typename Optim, typename Options>
-void expect_overlap_parity(const char* name, const Options& defaults, const Case& c) {
+void expect_overlap_parity(const char* name, const Options& defaults, const OverlapCase& c) {
   const int rank = ddp::get_rank(), world = ddp::get_world_size();
   const std::string what = std::string(name) + (c.interleaved ? ", interleaved" : "") +
                            (c.shard_buckets ? ", shard_buckets" : "") +
@@ -66,7 +58,7 @@ void expect_overlap_parity(const char* name, const Options& defaults, const Case
   copy_parameters(*net, *stepped);
   copy_parameters(*net, *plain_net);
   copy_parameters(*net, *start);
-  Model model(net, small_buckets()), stepped_model(stepped, small_buckets()), plain_model(plain_net, small_buckets());
+  Model model(net, bucket_per_parameter()), stepped_model(stepped, bucket_per_parameter()), plain_model(plain_net, bucket_per_parameter());
   ddp::ZeroRedundancyOptimizer<Optim> zero(model.parameters(),
                                            ddp::ZeroRedundancyOptimizerOptions().overlap_with_ddp(true), defaults);
   model.register_comm_hook(
@@ -131,7 +123,7 @@ DDP_WORKER(zero_overlap_parity) {
   worker_init(std::chrono::seconds(30));
   const auto sgd = torch::optim::SGDOptions(0.1).momentum(0.9).weight_decay(1e-3);
   const auto adam = torch::optim::AdamOptions(1e-2);
-  for (const Case& c : {Case{false, false}, Case{true, false}, Case{false, true}, Case{true, true}}) {
+  for (const OverlapCase& c : {OverlapCase{false, false}, OverlapCase{true, false}, OverlapCase{false, true}, OverlapCase{true, true}}) {
     expect_overlap_parity<torch::optim::SGD>("SGD", sgd, c);
     expect_overlap_parity<torch::optim::Adam>("Adam", adam, c);
   }
@@ -214,7 +206,7 @@ DDP_WORKER(zero_overlap_bad_input) {
     require(message.find(part) != std::string::npos, "expected an error containing '" + part + "', got '" + message + "'");
   };
   MLP net;
-  Model model(net, small_buckets());
+  Model model(net, bucket_per_parameter());
 
   // The hook with an optimizer that steps in step().
   Zero plain_zero(model.parameters(), {}, sgd);
@@ -255,7 +247,7 @@ DDP_WORKER(zero_overlap_bad_input) {
   // A model parameter the optimizer does not hold: the first backward after the rebuild fails,
   // naming it, on every rank alike (no hang).
   MLP partial_net;
-  Model partial(partial_net, small_buckets());
+  Model partial(partial_net, bucket_per_parameter());
   std::vector<torch::Tensor> some;
   for (const auto& item : partial_net->named_parameters()) {
     if (item.key() != "fc1.bias") some.push_back(item.value());
