@@ -4,7 +4,7 @@
 #   run_peer.sh NPROC PYTHON [train_fashion_mnist.py's flags...]
 #
 # torch 2.x: under that Python's torchrun (the `torchrun` beside it, else `PYTHON -m
-# torch.distributed.run`, the same entry point), `--standalone --nproc-per-node NPROC`.
+# torch.distributed.run`, the same entry point), one node, NPROC ranks, static rendezvous.
 # torch 1.x: Debian bookworm's torchrun 1.13 fails by itself on Python 3.11 ('NoneType' object has
 # no attribute 'get' in torch/distributed/elastic/multiprocessing) before any rank starts, so the
 # ranks are started here the way torchrun would (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT;
@@ -20,7 +20,14 @@ version=$("$python" -c 'import warnings; warnings.simplefilter("ignore"); import
 if [[ $version != 1.* ]]; then
   torchrun=$(dirname "$python")/torchrun
   [[ -x $torchrun ]] || torchrun="$python -m torch.distributed.run"
-  exec $torchrun --standalone --nproc-per-node "$nproc" "$peer" "$@"
+  # Debian's torch 2.6 asks TCPStore for libuv it was built without (tools/torch_without_libuv.sh).
+  source "$(dirname "$0")/../../tools/torch_without_libuv.sh"
+  torch_without_libuv "$python"
+  # torchrun's static rendezvous (its agent hosts the store), as the main job's torchrun test:
+  # --standalone's c10d rendezvous did not start the ranks under Debian's 2.6 with the shim.
+  $torchrun --nnodes 1 --nproc-per-node "$nproc" --master-addr 127.0.0.1 --master-port $((20000 + RANDOM % 20000)) \
+    "$peer" "$@"
+  exit $?  # not exec: the shim's folder is removed at exit
 fi
 
 echo "run_peer.sh: torch $version's torchrun cannot start processes on this Python; starting the $nproc" \

@@ -123,18 +123,9 @@ case $mode in
         echo "SKIP: torchrun $version cannot start processes on this Python; torchrun 2.x runs this test (chroot)"
         exit 77
       fi
-      # Debian's torch 2.6 is built without libuv, yet its torchrun asks TCPStore for libuv (the
-      # default) and fails before starting any rank ("use_libuv was requested but PyTorch was build
-      # without libuv support"). Not ours to fix: where that happens, a sitecustomize makes
-      # TCPStore default to use_libuv=False for this torchrun only.
-      if ! "$python" -c 'import torch.distributed as d; d.TCPStore("127.0.0.1", 0, 1, True)' >/dev/null 2>&1; then
-        shim=$(mktemp -d)
-        trap 'rm -rf "$shim"' EXIT
-        printf '%s\n' 'import torch.distributed as d' 'class TCPStore(d.TCPStore):' \
-          '    def __init__(self, *args, **kwargs):' '        kwargs.setdefault("use_libuv", False)' \
-          '        super().__init__(*args, **kwargs)' 'd.TCPStore = TCPStore' >"$shim/sitecustomize.py"
-        export PYTHONPATH=$shim${PYTHONPATH:+:$PYTHONPATH}
-      fi
+      # Debian's torch 2.6 asks TCPStore for libuv it was built without (tools/torch_without_libuv.sh).
+      source "$(dirname "$0")/../../tools/torch_without_libuv.sh"
+      torch_without_libuv "$python"
       # torchrun's default static rendezvous: its agent hosts the store at MASTER_ADDR:MASTER_PORT
       # and tells the ranks TORCHELASTIC_USE_AGENT_STORE=True (every rank connects as a client).
       engine=("$torchrun" --nnodes 1 --nproc-per-node 2 --master-addr 127.0.0.1 --master-port $port --no-python)

@@ -32,6 +32,12 @@ for python in ${DDP_PYTHON:+"$DDP_PYTHON"} python3 /usr/bin/python3; do
 done
 [[ -n $version ]] || { echo "SKIP: no Python with torch (\$DDP_PYTHON, python3, /usr/bin/python3; Debian: python3-torch)"; exit 77; }
 echo "peer: $python (torch $version)"
+# Debian's torch 2.6 has no libuv, and under its torchrun the ranks' env:// rendezvous still asks
+# TCPStore for it, past tools/torch_without_libuv.sh's shim (2026-11-26: not solved yet).
+if [[ $version == 2.* ]] && ! "$python" -c 'import torch.distributed as d; d.TCPStore("127.0.0.1", 0, 1, True)' >/dev/null 2>&1; then
+  echo "SKIP: torch $version was built without libuv and its torchrun's ranks request it (Debian's 2.6); the peer runs at 1.13 and 2.15"
+  exit 77
+fi
 
 small=(--epochs 2 --limit-train 640 --batch-size 32 --timeout 120)
 out=$(timeout 240 bash "$peer" 2 "$python" "${small[@]}" 2>&1) || fail "exit code $? from run_peer.sh"
