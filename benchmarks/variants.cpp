@@ -102,7 +102,11 @@ struct DetailWhileConstructing {
 };
 
 // SGD, as every other variant; Adam for ours+adam; Adam sharded over the group for ours+zero_adam
-// and, stepped by the comm hook ours() registers, ours+zero_adam_overlap.
+// and, stepped by the comm hook ours() registers, ours+zero_adam_overlap. The three Adam variants
+// keep gradients as bucket views: a comm hook (the overlap's) reduces the bucket's own buffer, so
+// without views its DDP copies every gradient in and out, which DDP without a hook does not
+// (it reduces them where they lie); with views none of the three copies, and their ratios are
+// ZeRO's alone.
 std::shared_ptr<torch::optim::Optimizer> optimizer_of(const VariantSpec& spec, const std::vector<at::Tensor>& params,
                                                       const ddp::ProcessGroupPtr& group) {
   if (spec.kind == Kind::ours_adam) return std::make_shared<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-3));
@@ -124,7 +128,7 @@ Variant ours(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::Pro
   auto options = ddp::DDPOptions()
                      .bucket_cap_mb(cap_mb)
                      .first_bucket_cap_mb(static_cast<double>(first_bucket_bytes(cap_mb)) / kMiB)
-                     .gradient_as_bucket_view(spec.kind == Kind::ours_view)
+                     .gradient_as_bucket_view(spec.kind == Kind::ours_view || holds_adam_state(spec))
                      .bucket_cap_mb_auto(spec.kind == Kind::ours_auto);
   std::shared_ptr<ddp::DistributedDataParallel<BenchNet>> wrapped;
   {
@@ -144,8 +148,13 @@ Variant ours(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::Pro
       break;
     case Kind::ours_zero_adam_overlap:
       // The first step (before DDP's bucket rebuild) updates nothing: it is one of the warm-up steps.
+      // shard_buckets: each rank owns 1/W of the state (with whole buckets, mlp_b4's 25 MiB bucket
+      // would leave nearly all of it on one rank). The first two steps update nothing (ZeRO's warm-up:
+      // before DDP's bucket rebuild, then the pass that records the buckets): ddp_bench's two
+      // untimed steps, so every timed step updates.
       wrapped->register_comm_hook(ddp::hooks::hook_with_zero_step_interleaved(
-          ddp::hooks::allreduce(), *wrapped, dynamic_cast<ddp::ZeroRedundancyOptimizerBase&>(*optimizer)));
+          ddp::hooks::allreduce(), *wrapped, dynamic_cast<ddp::ZeroRedundancyOptimizerBase&>(*optimizer),
+          /*shard_buckets=*/true));
       break;
     default: break;
   }

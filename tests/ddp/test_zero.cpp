@@ -185,7 +185,7 @@ DDP_WORKER(zero_bad_input) {
   auto a = torch::zeros({3}, torch::requires_grad()), b = torch::zeros({2}, torch::requires_grad());
   auto d = torch::zeros({2}, torch::dtype(torch::kDouble).requires_grad(true));
   auto expect_error = [](const std::string& message, const std::string& part) {
-    require(message.find(part) != std::string::npos, "expected an error containing '" + part + "', got '" + message + "'");
+    require_mentions(message, part, "ZeroRedundancyOptimizer bad input");
   };
   expect_error(error_of<std::invalid_argument>([&] { Zero({a, d}, {}, sgd); }),
                "ZeroRedundancyOptimizer: only supports using the same dense type for all parameters but got both "

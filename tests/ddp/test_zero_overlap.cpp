@@ -139,30 +139,31 @@ TEST(ZeroOverlap, EqualsThePlainOptimizerAfterTheWarmUpOnGloo) {
   EXPECT_WORKERS_OK(run_workers("zero_overlap_parity", 3, gloo));
 }
 
-// shard_buckets cutting one bucket: two parameters of 64 elements share DDP's one bucket; the cut
-// comes before the parameter that would reach total / W (64 at 2 ranks, 42.7 at 3), so each is a
-// piece of its own, whatever their order in the bucket: ranks 0 and 1 own one each, rank 2 none.
-struct PairImpl : torch::nn::Module {
-  PairImpl() {
-    a = register_parameter("a", torch::randn({64}));
-    b = register_parameter("b", torch::randn({64}));
+// shard_buckets cutting DDP's one bucket: n parameters of 64 elements, x * p0 + x^2 * p1 + ...
+struct PowersImpl : torch::nn::Module {
+  explicit PowersImpl(int n) {
+    for (int k = 0; k < n; ++k) p.push_back(register_parameter("p" + std::to_string(k), torch::randn({64})));
   }
-  torch::Tensor forward(const torch::Tensor& x) { return x * a + x * x * b; }
-  torch::Tensor a, b;
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor y = torch::zeros_like(x), power = torch::ones_like(x);
+    for (const auto& param : p) y = y + (power = power * x) * param;
+    return y;
+  }
+  std::vector<torch::Tensor> p;
 };
-TORCH_MODULE(Pair);
+TORCH_MODULE(Powers);
 
-DDP_WORKER(zero_overlap_split) {
-  worker_init(std::chrono::seconds(30));
+// Trains Powers(n) with shard_buckets' overlap and, from the same values, a replica with plain
+// Adam through DDP on the same data; they must end equal. Returns the elements each rank owns.
+std::vector<int64_t> train_with_shard_buckets(int n) {
   const int rank = ddp::get_rank(), world = ddp::get_world_size();
   torch::manual_seed(3);
-  Pair net, reference;
+  Powers net(n), reference(n);
   {
     torch::NoGradGuard no_grad;
-    reference->a.copy_(net->a);
-    reference->b.copy_(net->b);
+    for (int k = 0; k < n; ++k) reference->p[static_cast<size_t>(k)].copy_(net->p[static_cast<size_t>(k)]);
   }
-  ddp::DistributedDataParallel<PairImpl> model(net), plain_model(reference);
+  ddp::DistributedDataParallel<PowersImpl> model(net), plain_model(reference);
   const auto adam = torch::optim::AdamOptions(1e-2);
   ddp::ZeroRedundancyOptimizer<torch::optim::Adam> zero(model.parameters(),
                                                         ddp::ZeroRedundancyOptimizerOptions().overlap_with_ddp(true), adam);
@@ -170,7 +171,7 @@ DDP_WORKER(zero_overlap_split) {
   torch::optim::Adam plain(plain_model.parameters(), adam);
   for (int step = 0; step < 8; ++step) {
     torch::manual_seed(200 + step);
-    const auto x = torch::randn({6, 64}), y = torch::randn({6, 64});
+    const auto x = torch::randn({6, 64}).div(2), y = torch::randn({6, 64});
     auto run = [&](auto& m) { torch::mse_loss(m.forward(shard(x, rank, world)), shard(y, rank, world)).backward(); };
     zero.zero_grad();
     run(model);
@@ -182,16 +183,43 @@ DDP_WORKER(zero_overlap_split) {
       run(plain_model);
     }
   }
-  require(torch::equal(net->a, reference->a) && torch::equal(net->b, reference->b),
-          "rank " + std::to_string(rank) + ": shard_buckets' pieces differ from plain Adam through DDP");
+  for (int k = 0; k < n; ++k) {
+    require(torch::equal(net->p[static_cast<size_t>(k)], reference->p[static_cast<size_t>(k)]),
+            "rank " + std::to_string(rank) + ": shard_buckets' pieces differ from plain Adam through DDP (p" +
+                std::to_string(k) + " of " + std::to_string(n) + ")");
+  }
   require(model.reduction_stats().buckets.size() == 1, "expected one bucket");
-  require(zero.rank_of(net->a) != zero.rank_of(net->b) && zero.rank_of(net->a) < 2 && zero.rank_of(net->b) < 2,
-          "the bucket was not cut between a and b onto ranks 0 and 1");
-  const int64_t mine = rank < 2 ? 64 : 0;
-  require(ddp::optimizer_state_bytes(zero) == 2 * mine * static_cast<int64_t>(sizeof(float)),
+  std::vector<int64_t> loads(static_cast<size_t>(world), 0);
+  for (const auto& param : net->p) loads[static_cast<size_t>(zero.rank_of(param))] += param.numel();
+  require(ddp::optimizer_state_bytes(zero) == 2 * loads[static_cast<size_t>(rank)] * static_cast<int64_t>(sizeof(float)),
           "rank " + std::to_string(rank) + " holds " + std::to_string(ddp::optimizer_state_bytes(zero)) + " bytes of state");
+  return loads;
 }
-TEST(ZeroOverlap, ShardBucketsCutsABucketBetweenRanks) {
+
+std::string loads_text(const std::vector<int64_t>& loads) {
+  std::string text;
+  for (int64_t load : loads) text += (text.empty() ? "" : " ") + std::to_string(load);
+  return text;
+}
+
+// Two parameters: the cut comes before the parameter that would reach total / W (64 at 2 ranks,
+// 42.7 at 3), so each is a piece of its own, whatever their order in the bucket: ranks 0 and 1 own
+// one each, rank 2 none. Four: every one is a piece of its own (at 2 ranks, any two reach 128), so
+// the bucket has more pieces than ranks. PyTorch asserts; here the extra pieces go to the least
+// loaded rank: 128 elements each at 2 ranks, 128 / 64 / 64 at 3 (ties: the lower rank).
+DDP_WORKER(zero_overlap_split) {
+  worker_init(std::chrono::seconds(30));
+  const bool two = ddp::get_world_size() == 2;
+  const std::vector<std::pair<int, std::vector<int64_t>>> cases{
+      {2, two ? std::vector<int64_t>{64, 64} : std::vector<int64_t>{64, 64, 0}},
+      {4, two ? std::vector<int64_t>{128, 128} : std::vector<int64_t>{128, 64, 64}}};
+  for (const auto& [n, expected] : cases) {
+    const auto loads = train_with_shard_buckets(n);
+    require(loads == expected, std::to_string(n) + " parameters: elements owned per rank " + loads_text(loads) +
+                                   ", expected " + loads_text(expected));
+  }
+}
+TEST(ZeroOverlap, ShardBucketsCutsABucketAndGivesPiecesBeyondTheWorldToTheLeastLoadedRank) {
   EXPECT_WORKERS_OK(run_workers("zero_overlap_split", 2));
   EXPECT_WORKERS_OK(run_workers("zero_overlap_split", 3));
 }
@@ -203,7 +231,7 @@ DDP_WORKER(zero_overlap_bad_input) {
   const auto sgd = torch::optim::SGDOptions(0.1);
   const auto overlap = ddp::ZeroRedundancyOptimizerOptions().overlap_with_ddp(true);
   auto expect_error = [](const std::string& message, const std::string& part) {
-    require(message.find(part) != std::string::npos, "expected an error containing '" + part + "', got '" + message + "'");
+    require_mentions(message, part, "overlap_with_ddp bad input");
   };
   MLP net;
   Model model(net, bucket_per_parameter());

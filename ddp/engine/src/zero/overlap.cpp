@@ -115,7 +115,9 @@ bool ZeroOverlap::assign(const GradBucket& bucket) {
 
 // PyTorch's shard_buckets assignment: buckets by increasing size (stable); each is cut into pieces
 // that stay below total / W (a piece ends before the parameter that would reach it, and holds at
-// least one), each piece to the least loaded rank not yet holding a piece of that bucket.
+// least one), each piece to the least loaded rank not yet holding a piece of that bucket. A bucket
+// cut into more pieces than there are ranks (PyTorch asserts) gives its extra pieces to the least
+// loaded rank of all: a rank may own two pieces of one bucket, each broadcast on its own.
 void ZeroOverlap::shard_recorded_buckets() {
   ZeroRedundancyOptimizerBase& z = zero();
   const auto world = static_cast<size_t>(z.world_size_);
@@ -133,14 +135,10 @@ void ZeroOverlap::shard_recorded_buckets() {
   for (size_t b : order) {
     std::vector<char> taken(world, 0);
     auto least_loaded = [&] {
+      const bool all_taken = std::find(taken.begin(), taken.end(), 0) == taken.end();
       size_t best = world;
       for (size_t r = 0; r < world; ++r) {
-        if (!taken[r] && (best == world || load[r] < load[best])) best = r;
-      }
-      if (best == world) {
-        raise<std::invalid_argument>(kWho, "shard_buckets: DDP bucket " + std::to_string(b) + " splits into more "
-                                           "pieces than there are ranks (PyTorch asserts here); use "
-                                           "shard_buckets=false or other bucket caps");
+        if ((all_taken || !taken[r]) && (best == world || load[r] < load[best])) best = r;
       }
       taken[best] = 1;
       return best;
