@@ -3,6 +3,7 @@
 
 #include "shm/hierarchical.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <utility>
@@ -71,22 +72,45 @@ void Hierarchical::run(const std::vector<at::Tensor>& tensors, DType dtype, Op o
   for (const at::Tensor& tensor : tensors) flattened.push_back(tensor.view(-1));
   at::Tensor array = flattened.size() == 1 ? flattened[0] : at::cat(flattened);
   const auto count = static_cast<std::size_t>(array.numel());
+  auto* base = static_cast<char*>(array.data_ptr());
+  const auto element = static_cast<std::size_t>(array.element_size());
 
-  // 1. Inside the host: my part of the host's reduction. AVG divides by the whole group's size
-  //    here, and sums across the hosts (the hosts run the same number of ranks).
+  // AVG divides by the whole group's size inside the host, and sums across the hosts (the hosts
+  // run the same number of ranks).
   const Op local_op = op == Op::kAvg ? Op::kSum : op;
   const double local_scale = op == Op::kAvg ? 1.0 / layout_.size() : scale;
-  local_->reduce_scatter(array.data_ptr(), count, dtype, local_op, local_scale);
 
-  // 2. Across the hosts: my part, with the ranks of my local rank (an empty part on every one of
-  //    them alike, for arrays of under 64 bytes per local rank).
-  const auto [first, second] = local_->part(local_->rank(), count, dtype);
-  if (second > first) {
-    allreduce_part(array.narrow(0, static_cast<int64_t>(first), static_cast<int64_t>(second - first)), op);
+  // The array goes through the three steps in chunks, as a pipeline: while chunk k crosses the
+  // hosts (Gloo, in the background), this rank reduces chunk k+1 inside the host, then gathers
+  // chunk k-1, so the link is not idle while the host works. Every local rank cuts the same chunks
+  // and calls its Communicator in the same order: RS 0, RS 1, AG 0, RS 2, AG 1, ...
+  struct Crossing {
+    std::size_t first = 0, count = 0;
+    c10::intrusive_ptr<c10d::Work> work;  // null: my part of the chunk is empty (on every host alike)
+  };
+  std::vector<Crossing> on_link;  // at most one: the chunk whose parts are crossing
+  auto gather = [&](const Crossing& chunk) {
+    if (chunk.work) finish_part(chunk.work);
+    local_->allgather_parts(base + chunk.first * element, chunk.count, dtype);
+  };
+  const std::size_t step = std::max<std::size_t>(1, kChunkBytes / element);
+  for (std::size_t first = 0; first < count; first += step) {
+    Crossing chunk{first, std::min(step, count - first), {}};
+    // 1. Inside the host: my part of the chunk's host reduction.
+    local_->reduce_scatter(base + first * element, chunk.count, dtype, local_op, local_scale);
+    // 2. Across the hosts, started: my part, with the ranks of my local rank (an empty part on
+    //    every one of them alike, for chunks of under 64 bytes per local rank).
+    const std::pair<std::size_t, std::size_t> part = local_->part(local_->rank(), chunk.count, dtype);
+    if (part.second > part.first) {
+      chunk.work = start_part(
+          array.narrow(0, static_cast<int64_t>(first + part.first), static_cast<int64_t>(part.second - part.first)), op);
+    }
+    // 3. Inside the host: every local rank's part of the chunk before, once it has crossed.
+    if (!on_link.empty()) gather(on_link.back());
+    on_link.assign(1, std::move(chunk));
   }
+  if (!on_link.empty()) gather(on_link.back());
 
-  // 3. Inside the host: every local rank's part into every array.
-  local_->allgather_parts(array.data_ptr(), count, dtype);
   if (flattened.size() > 1) {
     int64_t offset = 0;
     for (at::Tensor& piece : flattened) {
@@ -96,11 +120,14 @@ void Hierarchical::run(const std::vector<at::Tensor>& tensors, DType dtype, Op o
   }
 }
 
-void Hierarchical::allreduce_part(const at::Tensor& part, Op op) {
+c10::intrusive_ptr<c10d::Work> Hierarchical::start_part(const at::Tensor& part, Op op) {
   std::vector<at::Tensor> tensors{part};
   c10d::AllreduceOptions options;
   options.reduceOp = across_op(op);
-  const auto work = across_->allreduce(tensors, options);
+  return across_->allreduce(tensors, options);
+}
+
+void Hierarchical::finish_part(const c10::intrusive_ptr<c10d::Work>& work) {
   std::string told = wait_watching(work);
   try {
     work->wait();  // done (wait_watching): throws Gloo's error, if any

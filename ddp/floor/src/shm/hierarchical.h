@@ -7,6 +7,8 @@
 //   2. allreduce part l across the hosts over Gloo, among the ranks of local rank l on every host
 //      (one Gloo group per local rank, made once, from the group's store)
 //   3. allgather the parts inside the host, over shared memory (Communicator::allgather_parts)
+// in chunks of 4 MiB as a pipeline: chunk k crosses the link while chunk k+1 is reduced and chunk
+// k-1 gathered inside the host.
 // Every rank ends with the same bits: step 2 gives every member of a Gloo group the same part,
 // step 3 copies it. They differ from flat Gloo's only in the order of the additions (fp32
 // rounding).
@@ -22,6 +24,7 @@
 //
 // Thread-safety: one thread at a time (the channel's), collectives in the same order on every rank.
 #include <chrono>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,8 +70,13 @@ class Hierarchical {
   std::string name() const;
 
  private:
+  // Chunks of the array pipelined through the three steps (hierarchical.cpp says how).
+  static constexpr std::size_t kChunkBytes = std::size_t{4} << 20;
   void run(const std::vector<at::Tensor>& tensors, DType dtype, Op op, double scale);
-  void allreduce_part(const at::Tensor& part, Op op);
+  // Step 2 of a chunk: started in the background, then waited for (its failure named, my host's
+  // Communicator failed with it).
+  c10::intrusive_ptr<c10d::Work> start_part(const at::Tensor& part, Op op);
+  void finish_part(const c10::intrusive_ptr<c10d::Work>& work);
   std::string wait_watching(const c10::intrusive_ptr<c10d::Work>& work) const;
   void tell_other_hosts(const std::string& what) noexcept;
   std::string failure_told() const noexcept;
