@@ -147,7 +147,6 @@ Variant ours(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::Pro
                                                            .start_powerSGD_iter(2)));
       break;
     case Kind::ours_zero_adam_overlap:
-      // The first step (before DDP's bucket rebuild) updates nothing: it is one of the warm-up steps.
       // shard_buckets: each rank owns 1/W of the state (with whole buckets, mlp_b4's 25 MiB bucket
       // would leave nearly all of it on one rank). The first two steps update nothing (ZeRO's warm-up:
       // before DDP's bucket rebuild, then the pass that records the buckets): ddp_bench's two

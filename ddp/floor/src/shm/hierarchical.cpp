@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -88,7 +89,7 @@ void Hierarchical::run(const std::vector<at::Tensor>& tensors, DType dtype, Op o
     std::size_t first = 0, count = 0;
     c10::intrusive_ptr<c10d::Work> work;  // null: my part of the chunk is empty (on every host alike)
   };
-  std::vector<Crossing> on_link;  // at most one: the chunk whose parts are crossing
+  std::optional<Crossing> on_link;  // the chunk whose parts are crossing
   auto gather = [&](const Crossing& chunk) {
     if (chunk.work) finish_part(chunk.work);
     local_->allgather_parts(base + chunk.first * element, chunk.count, dtype);
@@ -106,10 +107,10 @@ void Hierarchical::run(const std::vector<at::Tensor>& tensors, DType dtype, Op o
           array.narrow(0, static_cast<int64_t>(first + part.first), static_cast<int64_t>(part.second - part.first)), op);
     }
     // 3. Inside the host: every local rank's part of the chunk before, once it has crossed.
-    if (!on_link.empty()) gather(on_link.back());
-    on_link.assign(1, std::move(chunk));
+    if (on_link) gather(*on_link);
+    on_link = std::move(chunk);
   }
-  if (!on_link.empty()) gather(on_link.back());
+  if (on_link) gather(*on_link);
 
   if (flattened.size() > 1) {
     int64_t offset = 0;
