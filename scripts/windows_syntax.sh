@@ -54,12 +54,13 @@ set(CMAKE_SYSTEM_NAME Windows)
 set(CMAKE_CXX_COMPILER $cxx)
 EOF
 
-# --- CMake, configured for Windows: the library only, its compile commands written out
+# --- CMake, configured for Windows: the library only, its compile commands written out (one per
+# source: no unity batches, so a failure names its file)
 echo "== windows_syntax: configuring for Windows ($cxx)"
 cmake -S . -B "$work/build" -G Ninja --log-level=WARNING \
   -DCMAKE_TOOLCHAIN_FILE="$work/toolchain.cmake" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DTorch_DIR="$work/torch-cmake" -DZLIB_INCLUDE_DIR="$work/view" -DZLIB_LIBRARY="$work/no-zlib-linked" \
-  -DCCACHE_PROGRAM=CCACHE_PROGRAM-NOTFOUND -DCMAKE_EXPORT_COMPILE_COMMANDS=ON \
+  -DCCACHE_PROGRAM=CCACHE_PROGRAM-NOTFOUND -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DDDP_UNITY_BUILD=OFF \
   -DDDP_BUILD_TESTS=OFF -DDDP_BUILD_EXAMPLES=OFF -DDDP_BUILD_LAUNCHER=OFF \
   -DDDP_BUILD_BENCHMARKS=OFF -DDDP_INSTALL=OFF > "$work/configure.log" 2>&1 ||
   { cat "$work/configure.log"; exit 1; }

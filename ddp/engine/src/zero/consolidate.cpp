@@ -15,12 +15,13 @@
 #include "compat.h"
 #include "error_text.h"
 #include "optimizer_state.h"
+#include "zero/who.h"
 
 namespace ddp {
 
 namespace {
 
-constexpr char kWho[] = "ZeroRedundancyOptimizer";
+using detail::kZeroWho;
 
 std::string serialized(const torch::optim::Optimizer& optimizer) {
   torch::serialize::OutputArchive archive;
@@ -47,9 +48,9 @@ std::unique_ptr<torch::optim::Optimizer> ZeroRedundancyOptimizerBase::whole_stat
 void ZeroRedundancyOptimizerBase::consolidate_state_dict(int to) {
   require_overlap_initialized("consolidate_state_dict");
   if (to < 0 || to >= world_size_) {
-    raise<std::invalid_argument>(kWho, "consolidate_state_dict(to=" + std::to_string(to) +
-                                           "): `to` must be a rank of the group, 0 to " +
-                                           std::to_string(world_size_ - 1));
+    raise<std::invalid_argument>(kZeroWho, "consolidate_state_dict(to=" + std::to_string(to) +
+                                               "): `to` must be a rank of the group, 0 to " +
+                                               std::to_string(world_size_ - 1));
   }
   // The options a scheduler set are part of the state (PyTorch syncs them first too).
   for (size_t g = 0; g < param_groups_.size(); ++g) {
@@ -82,10 +83,10 @@ void ZeroRedundancyOptimizerBase::save(torch::serialize::OutputArchive& archive)
                              ")` on all ranks beforehand if you meant to save the global state.");
   }
   if (consolidated_at_ != steps_) {
-    raise<std::runtime_error>(kWho, "the state was consolidated after step " + std::to_string(consolidated_at_) +
-                                        " and step() has run " + std::to_string(steps_ - consolidated_at_) +
-                                        " time(s) since: call consolidate_state_dict(to=" + std::to_string(rank_) +
-                                        ") on all ranks again right before saving");
+    raise<std::runtime_error>(kZeroWho, "the state was consolidated after step " + std::to_string(consolidated_at_) +
+                                            " and step() has run " + std::to_string(steps_ - consolidated_at_) +
+                                            " time(s) since: call consolidate_state_dict(to=" + std::to_string(rank_) +
+                                            ") on all ranks again right before saving");
   }
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     consolidated_->param_groups()[g].set_options(param_groups_[g].options().clone());

@@ -15,7 +15,7 @@ namespace ddp::detail {
 
 namespace {
 
-constexpr char kWho[] = "hook_with_zero_step";
+constexpr char kHookWho[] = "hook_with_zero_step";
 
 struct ZeroHookState {
   CommHook inner;
@@ -69,21 +69,23 @@ CommHook zero_step_hook(CommHook hook, const DDPCore& ddp, ZeroRedundancyOptimiz
   const std::string name = std::string(interleaved ? "hook_with_zero_step_interleaved" : "hook_with_zero_step") +
                            "(" + hook.name() + (shard_buckets ? ", shard_buckets" : "") + ")";
   if (!zero.options().overlap_with_ddp()) {
-    raise<std::invalid_argument>(kWho, "ZeroRedundancyOptimizer must be constructed with `overlap_with_ddp=True` to "
-                                       "use this hook properly: construct it with "
-                                       "ZeroRedundancyOptimizerOptions().overlap_with_ddp(true), or register no such "
-                                       "hook and call step() after backward()");
+    raise<std::invalid_argument>(kHookWho,
+                                 "ZeroRedundancyOptimizer must be constructed with `overlap_with_ddp=True` to "
+                                 "use this hook properly: construct it with "
+                                 "ZeroRedundancyOptimizerOptions().overlap_with_ddp(true), or register no such "
+                                 "hook and call step() after backward()");
   }
   const ProcessGroupPtr& group = ddp.process_group();
   if (group->getSize() != zero.world_size() || group->getRank() != zero.rank()) {
-    raise<std::invalid_argument>(kWho, "the optimizer's group (rank " + std::to_string(zero.rank()) + " of " +
-                                           std::to_string(zero.world_size()) + ") is not the model's (rank " +
-                                           std::to_string(group->getRank()) + " of " +
-                                           std::to_string(group->getSize()) + "): give both the same group");
+    raise<std::invalid_argument>(kHookWho, "the optimizer's group (rank " + std::to_string(zero.rank()) + " of " +
+                                               std::to_string(zero.world_size()) + ") is not the model's (rank " +
+                                               std::to_string(group->getRank()) + " of " +
+                                               std::to_string(group->getSize()) + "): give both the same group");
   }
   if (ddp.options().bucket_cap_mb_auto()) {
-    raise<std::invalid_argument>(kWho, "bucket_cap_mb_auto changes DDP's buckets after their rebuild, and each "
-                                       "bucket's parameters belong to one rank: use a fixed bucket_cap_mb");
+    raise<std::invalid_argument>(kHookWho,
+                                 "bucket_cap_mb_auto changes DDP's buckets after their rebuild, and each "
+                                 "bucket's parameters belong to one rank: use a fixed bucket_cap_mb");
   }
   auto overlap = ZeroOverlap::of(zero);
   overlap->attach_hook(name, shard_buckets);

@@ -13,12 +13,11 @@
 #include <ddp/zero_redundancy_optimizer.h>
 
 #include "error_text.h"
+#include "zero/who.h"
 
 namespace ddp::detail {
 
 namespace {
-
-constexpr char kWho[] = "ZeroRedundancyOptimizer";
 
 // param.grad() set to the given gradients for the life of the guard, then put back: the local
 // optimizer reads gradients there, and DDP writes its own into them when backward ends.
@@ -45,15 +44,16 @@ class LendGradients {
 
 ZeroRedundancyOptimizerBase& ZeroOverlap::zero() const {
   if (zero_ == nullptr) {
-    raise<std::runtime_error>(kWho, "the optimizer this hook_with_zero_step steps was destroyed while the "
-                                    "DistributedDataParallel model it is registered on still trains; keep the "
-                                    "optimizer alive as long as the model");
+    raise<std::runtime_error>(kZeroWho,
+                              "the optimizer this hook_with_zero_step steps was destroyed while the "
+                              "DistributedDataParallel model it is registered on still trains; keep the "
+                              "optimizer alive as long as the model");
   }
   return *zero_;
 }
 
 std::shared_ptr<ZeroOverlap> ZeroOverlap::of(ZeroRedundancyOptimizerBase& zero) {
-  if (!zero.overlap_) raise<std::invalid_argument>(kWho, "constructed without overlap_with_ddp(true)");
+  if (!zero.overlap_) raise<std::invalid_argument>(kZeroWho, "constructed without overlap_with_ddp(true)");
   return zero.overlap_;
 }
 
@@ -61,8 +61,9 @@ void ZeroOverlap::begin_pass() { broadcasts_.clear(); }
 
 void ZeroOverlap::attach_hook(const std::string& hook_name, bool shard_buckets) {
   if (!hook_name_.empty()) {
-    raise<std::invalid_argument>(kWho, "a " + hook_name_ + " hook was already made for this optimizer; one "
-                                       "optimizer steps one model's buckets (make one hook per optimizer)");
+    raise<std::invalid_argument>(kZeroWho, "a " + hook_name_ +
+                                               " hook was already made for this optimizer; one "
+                                               "optimizer steps one model's buckets (make one hook per optimizer)");
   }
   hook_name_ = hook_name;
   shard_buckets_ = shard_buckets;
@@ -85,18 +86,18 @@ bool ZeroOverlap::assign(const GradBucket& bucket) {
   if (status_ == Status::kInitialized) return true;
   ZeroRedundancyOptimizerBase& z = zero();
   if (bucket.index() != buckets_.size()) {
-    raise<std::logic_error>(kWho, "DDP bucket " + std::to_string(bucket.index()) + " came before bucket " +
-                                      std::to_string(buckets_.size()) + " (a bug: buckets come in order)");
+    raise<std::logic_error>(kZeroWho, "DDP bucket " + std::to_string(bucket.index()) + " came before bucket " +
+                                          std::to_string(buckets_.size()) + " (a bug: buckets come in order)");
   }
   const auto& mine = z.param_groups_[0].params();
   for (size_t k = 0; k < bucket.parameters().size(); ++k) {
     bool found = false;
     for (const auto& p : mine) found = found || p.is_same(bucket.parameters()[k]);
     if (!found) {
-      raise<std::invalid_argument>(kWho, "parameter " + std::to_string(bucket.parameter_indices()[k]) +
-                                             " of the model (in DDP bucket " + std::to_string(bucket.index()) +
-                                             ") is not one of the optimizer's parameters; construct it over "
-                                             "model.parameters()");
+      raise<std::invalid_argument>(kZeroWho, "parameter " + std::to_string(bucket.parameter_indices()[k]) +
+                                                 " of the model (in DDP bucket " + std::to_string(bucket.index()) +
+                                                 ") is not one of the optimizer's parameters; construct it over "
+                                                 "model.parameters()");
     }
   }
   buckets_.push_back({bucket.parameters(), bucket.offsets(), {}});
@@ -239,7 +240,7 @@ void ZeroOverlap::finish_pass() {
   broadcasts_.clear();
   for (const auto& item : launched) {
     wait_collective(item.work, [&] {
-      return std::string(kWho) + ": broadcast of DDP bucket " + std::to_string(item.bucket) +
+      return std::string(kZeroWho) + ": broadcast of DDP bucket " + std::to_string(item.bucket) +
              "'s parameters from rank " + std::to_string(item.root) + " (overlap_with_ddp, step " +
              std::to_string(z.steps_ + 1) + ")";
     });

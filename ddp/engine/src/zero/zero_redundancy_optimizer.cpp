@@ -20,12 +20,13 @@
 #include "optimizer_state.h"
 #include "zero/overlap.h"
 #include "zero/partition.h"
+#include "zero/who.h"
 
 namespace ddp {
 
 namespace {
 
-constexpr char kWho[] = "ZeroRedundancyOptimizer";
+using detail::kZeroWho;
 
 // PyTorch's torch.typename of a tensor (its legacy type name), which its messages print.
 std::string type_name(const at::Tensor& tensor) {
@@ -47,35 +48,36 @@ void check_parameters(const std::vector<torch::optim::OptimizerParamGroup>& exis
       for (size_t i = 0; i < group.params().size(); ++i) {
         const at::Tensor& param = group.params()[i];
         const std::string where = "parameter " + std::to_string(i) + " of group " + std::to_string(g);
-        if (!param.defined()) raise<std::invalid_argument>(kWho, where + " is an undefined tensor");
+        if (!param.defined()) raise<std::invalid_argument>(kZeroWho, where + " is an undefined tensor");
         if (first == nullptr) first = &param;
         if (param.is_sparse()) {
-          raise<std::invalid_argument>(kWho, "only supports using the same dense type for all parameters but got " +
-                                                 type_name(param) + " (" + where + ")");
+          raise<std::invalid_argument>(kZeroWho, "only supports using the same dense type for all parameters but got " +
+                                                     type_name(param) + " (" + where + ")");
         }
         if (type_name(param) != type_name(*first)) {
-          raise<std::invalid_argument>(kWho, "only supports using the same dense type for all parameters but got both " +
-                                                 type_name(*first) + " and " + type_name(param) + " (" + where +
-                                                 "); convert the model to one dtype first");
+          raise<std::invalid_argument>(
+              kZeroWho, "only supports using the same dense type for all parameters but got both " + type_name(*first) +
+                            " and " + type_name(param) + " (" + where + "); convert the model to one dtype first");
         }
         if (!seen.insert(param.unsafeGetTensorImpl()).second) {
-          raise<std::invalid_argument>(kWho, "some parameters appear in more than one parameter group (" + where +
-                                                 " was given before); list each parameter once");
+          raise<std::invalid_argument>(kZeroWho, "some parameters appear in more than one parameter group (" + where +
+                                                     " was given before); list each parameter once");
         }
       }
       ++g;
     }
   }
-  if (first == nullptr) raise<std::invalid_argument>(kWho, "got an empty parameter list");
+  if (first == nullptr) raise<std::invalid_argument>(kZeroWho, "got an empty parameter list");
 }
 
 std::vector<torch::optim::OptimizerParamGroup> checked(std::vector<torch::optim::OptimizerParamGroup> groups,
                                                        const ZeroRedundancyOptimizerOptions& options) {
   check_parameters({}, groups);
   if (options.overlap_with_ddp() && groups.size() != 1) {
-    raise<std::invalid_argument>(kWho, "with `overlap_with_ddp=True` only supports a single parameter group (got " +
-                                           std::to_string(groups.size()) + "); pass one list of parameters, or "
-                                           "construct with overlap_with_ddp(false) for several groups");
+    raise<std::invalid_argument>(kZeroWho, "with `overlap_with_ddp=True` only supports a single parameter group (got " +
+                                               std::to_string(groups.size()) +
+                                               "); pass one list of parameters, or "
+                                               "construct with overlap_with_ddp(false) for several groups");
   }
   return groups;
 }
@@ -158,7 +160,7 @@ int ZeroRedundancyOptimizerBase::rank_of(const at::Tensor& param) const {
       if (owned.is_same(param)) return r;
     }
   }
-  raise<std::invalid_argument>(kWho, "rank_of: the tensor is not one of the optimized parameters");
+  raise<std::invalid_argument>(kZeroWho, "rank_of: the tensor is not one of the optimized parameters");
 }
 
 // Flat tensors per device and rank; the trainable parameters' data become views of them. Built at
@@ -210,9 +212,10 @@ void ZeroRedundancyOptimizerBase::build_buckets() {
 
 void ZeroRedundancyOptimizerBase::add_param_group(const torch::optim::OptimizerParamGroup& param_group) {
   if (overlap_) {
-    raise<std::invalid_argument>(kWho, "with `overlap_with_ddp=True` only supports a single parameter group: "
-                                       "add_param_group is refused (construct with overlap_with_ddp(false) to add "
-                                       "groups later)");
+    raise<std::invalid_argument>(kZeroWho,
+                                 "with `overlap_with_ddp=True` only supports a single parameter group: "
+                                 "add_param_group is refused (construct with overlap_with_ddp(false) to add "
+                                 "groups later)");
   }
   check_parameters(param_groups_, {param_group});
   torch::optim::Optimizer::add_param_group(param_group);
@@ -282,7 +285,7 @@ void ZeroRedundancyOptimizerBase::broadcast_shards() {
   for (size_t i = 0; i < launched.size(); ++i) {
     auto& item = launched[i];
     wait_collective(item.work, [&] {
-      return std::string(kWho) + ": broadcast " + std::to_string(i + 1) + " of " + std::to_string(launched.size()) +
+      return std::string(kZeroWho) + ": broadcast " + std::to_string(i + 1) + " of " + std::to_string(launched.size()) +
              " of step " + std::to_string(steps_ + 1) + " (rank " + std::to_string(item.root) + "'s shard)";
     });
     if (item.param.defined()) item.param.copy_(item.tensor);
@@ -292,20 +295,22 @@ void ZeroRedundancyOptimizerBase::broadcast_shards() {
 at::Tensor ZeroRedundancyOptimizerBase::step(LossClosure closure) {
   if (overlap_) {
     if (!overlap_->hook_attached()) {
-      raise<std::logic_error>(kWho, "step(): constructed with overlap_with_ddp(true), so the update runs inside "
-                                    "DDP's backward through its comm hook, and no hook was made for this optimizer: "
-                                    "nothing would ever be updated. Register one before training "
-                                    "(model.register_comm_hook(ddp::hooks::hook_with_zero_step("
-                                    "ddp::hooks::allreduce(), model, optimizer))), or construct with "
-                                    "overlap_with_ddp(false) to update in step()");
+      raise<std::logic_error>(kZeroWho,
+                              "step(): constructed with overlap_with_ddp(true), so the update runs inside "
+                              "DDP's backward through its comm hook, and no hook was made for this optimizer: "
+                              "nothing would ever be updated. Register one before training "
+                              "(model.register_comm_hook(ddp::hooks::hook_with_zero_step("
+                              "ddp::hooks::allreduce(), model, optimizer))), or construct with "
+                              "overlap_with_ddp(false) to update in step()");
     }
     return {};  // the hook stepped during backward (PyTorch: a no-op, with a warning)
   }
   if (join_ != nullptr) {
     if (join_index_ == 0) {
-      raise<std::invalid_argument>(kWho, "under ddp::Join, list the DistributedDataParallel model before the "
-                                         "optimizer (ddp::Join join({model, optimizer})): the model's collectives "
-                                         "run first in every iteration");
+      raise<std::invalid_argument>(kZeroWho,
+                                   "under ddp::Join, list the DistributedDataParallel model before the "
+                                   "optimizer (ddp::Join join({model, optimizer})): the model's collectives "
+                                   "run first in every iteration");
     }
     join_->notify(join_index_, /*sync=*/true);
   }
@@ -336,10 +341,12 @@ bool ZeroRedundancyOptimizerBase::overlap_initialized() const {
 // PyTorch's _check_overlap_initialized, before the methods that need the bucket assignment.
 void ZeroRedundancyOptimizerBase::require_overlap_initialized(const char* method) const {
   if (!overlap_ || overlap_initialized()) return;
-  raise<std::runtime_error>(kWho, std::string(method) + ": This method should not be called until this "
-                                  "ZeroRedundancyOptimizer instance has been fully initialized (overlap_with_ddp: "
-                                  "its hook assigns DDP's buckets to ranks in the first backward after DDP "
-                                  "rebuilt its buckets, i.e. the second synchronized iteration)");
+  raise<std::runtime_error>(kZeroWho,
+                            std::string(method) +
+                                ": This method should not be called until this "
+                                "ZeroRedundancyOptimizer instance has been fully initialized (overlap_with_ddp: "
+                                "its hook assigns DDP's buckets to ranks in the first backward after DDP "
+                                "rebuilt its buckets, i.e. the second synchronized iteration)");
 }
 
 int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) {
