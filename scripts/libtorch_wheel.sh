@@ -102,7 +102,19 @@ phase "build"
 # symbols the test binary takes from LibTorch, and the libnccl its loader resolves.
 nccl_objects=$(ninja -C "$build" -t deps | awk '/^[^ ].*\.o: #deps/ {object = $1; sub(/:$/, "", object)}
                                                /\/(ProcessGroupNCCL\.hpp|nccl\.h)$/ {print object}' | sort -u)
-log "objects compiled against c10d's ProcessGroupNCCL.hpp or nccl.h:" $nccl_objects
+# A unity batch's object is named with the files it holds (CMake's Unity/unity_N_cxx.cxx includes them).
+with_members() {
+  local object unity
+  for object in "$@"; do
+    unity=$build/${object%.o}
+    if [[ $object == */Unity/* && -f $unity ]]; then
+      echo "$object ($(sed -n 's|^#include "\(.*\)"$|\1|p' "$unity" | xargs -r -n 1 basename | paste -sd ' ' -))"
+    else
+      echo "$object"
+    fi
+  done
+}
+log "objects compiled against c10d's ProcessGroupNCCL.hpp or nccl.h:" $(with_members $nccl_objects)
 tests_binary=$build/tests/ddp/ddp_tests
 if [[ -x $tests_binary ]]; then
   log "ddp_tests: $(nm -DC --undefined-only "$tests_binary" | grep -c 'c10d::ProcessGroupNCCL') ProcessGroupNCCL" \
