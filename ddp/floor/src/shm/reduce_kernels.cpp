@@ -161,6 +161,30 @@ void reduce_blocks(typename Format::Stored* dst, const typename Format::Stored* 
   Acc wide[kWidens ? kBlock : 1];  // a widened source block, for the 16-bit formats
   for (std::size_t begin = 0; begin < count; begin += kBlock) {
     const std::size_t n = std::min(kBlock, count - begin);
+    if constexpr (!kWidens) {
+      // The same operations, fused: the first two sources straight into the accumulators, the
+      // finish straight into dst (a copy in and a pass over the block fewer: DDP's scaled sum of
+      // two ranks ran at half the speed of a plain sum without this).
+      const Acc* first = srcs[0] + begin;
+      Acc* out = dst + begin;
+      if (nsrc <= 2) {  // element by element: dst, one of the sources at most, is read before written
+        const Acc* second = srcs[nsrc - 1] + begin;
+        if (nsrc == 1) {
+          for (std::size_t i = 0; i < n; ++i) out[i] = finish(first[i]);
+        } else {
+          for (std::size_t i = 0; i < n; ++i) out[i] = finish(combine(first[i], second[i]));
+        }
+        continue;
+      }
+      const Acc* second = srcs[1] + begin;
+      for (std::size_t i = 0; i < n; ++i) acc[i] = combine(first[i], second[i]);
+      for (int s = 2; s < nsrc; ++s) {
+        const Acc* src = srcs[s] + begin;
+        for (std::size_t i = 0; i < n; ++i) acc[i] = combine(acc[i], src[i]);
+      }
+      for (std::size_t i = 0; i < n; ++i) out[i] = finish(acc[i]);
+      continue;
+    }
     Format::widen(srcs[0] + begin, acc, n);
     for (int s = 1; s < nsrc; ++s) {
       const Acc* src;
