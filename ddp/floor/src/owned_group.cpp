@@ -45,6 +45,15 @@ c10::intrusive_ptr<c10d::Work> OwnedGroup::start_scaled_sum(std::vector<at::Tens
   return shm_->allreduce(tensors, c10d::ReduceOp::SUM, scale);
 }
 
+std::vector<at::Tensor> OwnedGroup::shared_zeros(const std::vector<std::pair<int64_t, at::TensorOptions>>& tensors) {
+  return shm_ ? shm_->shared_zeros(tensors) : std::vector<at::Tensor>{};
+}
+
+c10::intrusive_ptr<c10d::Work> OwnedGroup::start_shared_sum(at::Tensor& tensor, double scale) {
+  TORCH_INTERNAL_ASSERT(shm_ && shm_->serves_shared_sum(tensor), "start_shared_sum of a tensor shared_zeros did not make");
+  return shm_->shared_sum(tensor, scale);
+}
+
 c10::intrusive_ptr<c10d::Work> OwnedGroup::broadcast(std::vector<at::Tensor>& tensors,
                                                      const c10d::BroadcastOptions& opts) {
   if (shm_ && shm_->serves(tensors) && opts.rootTensor == 0) return shm_->broadcast(tensors, static_cast<int>(opts.rootRank));

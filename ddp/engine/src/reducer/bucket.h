@@ -8,17 +8,23 @@
 
 namespace ddp::detail {
 
+// How a bucket is reduced; chosen when it is built, the same on every rank.
+enum class Reduction {
+  kFlat,     // `flat` through the group's allreduce: gradients copied in (pre-divided), or a comm hook's
+  // Shared memory, without a comm hook (the average taken in the reduction's own pass):
+  kInPlace,  // each gradient where it lies, or in its slot when it cannot be used as it is
+  kShared,   // `flat` lives in memory every rank maps, the gradients in it (gradient_as_bucket_view):
+             // each rank reduces its slice of every rank's bucket and writes it into all of them
+};
+
 struct Bucket {
   std::vector<size_t> params;           // reducer-wide parameter indices, in bucket order
   at::Tensor flat;                      // contiguous storage of all members
   std::vector<at::Tensor> views;        // views[k]: params[k]'s slot, shaped like the parameter
   std::vector<at::Tensor> collective;   // {flat}: the argument list reused by every launch
   at::Tensor scale;                     // 1/world_size, 0-dim, bucket dtype and device
-  // Reduced where the gradients lie (shared memory, OwnedGroup::start_scaled_sum) instead of in
-  // `flat`: a gradient usable as it is never enters the bucket, and the average is taken in the
-  // reduction's own pass. Only without a comm hook (hooks are given `flat`).
-  bool in_place = false;
-  std::vector<at::Tensor> pieces;       // in_place: this launch's list, reused (no allocation per step)
+  Reduction reduction = Reduction::kFlat;
+  std::vector<at::Tensor> pieces;       // kInPlace: this launch's list, reused (no allocation per step)
   size_t pending = 0;                   // members not ready yet in this iteration
   c10::intrusive_ptr<c10d::Work> work;  // the in-flight allreduce, if launched
 };

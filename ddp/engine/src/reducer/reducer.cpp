@@ -2,10 +2,12 @@
 #include "reducer/reducer.h"
 
 #include <algorithm>
+#include <cstring>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_set>
 
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/variable.h>
@@ -24,6 +26,24 @@
 
 namespace ddp::detail {
 namespace {
+
+// Whether replacing `grad` (a parameter's gradient) with another tensor holding the same values
+// is invisible: nobody but the parameter holds the tensor or its memory.
+bool seen_only_by_its_parameter(const at::Tensor& grad) {
+  return !grad.defined() || (grad.use_count() == 1 && grad.storage().use_count() == 1);
+}
+
+// `slot` - with every tensor made from it, which share its storage - moves to private memory
+// holding its current values; returns a new tensor over the place in the bucket it had.
+at::Tensor keep_apart(const at::Tensor& slot) {
+  c10::StorageImpl* storage = slot.storage().unsafeGetStorageImpl();
+  const size_t bytes = storage->nbytes();
+  at::DataPtr copy = c10::GetCPUAllocator()->allocate(bytes);
+  std::memcpy(copy.get(), storage->data_ptr().get(), bytes);
+  at::DataPtr place = storage->set_data_ptr(std::move(copy));
+  const c10::Storage fresh(c10::Storage::use_byte_size_t(), bytes, std::move(place), nullptr, false);
+  return at::empty({0}, slot.options()).set_(fresh, 0, slot.sizes(), slot.strides());
+}
 
 // Why a collective of the training loop fails, most often: the hint of every one of them.
 constexpr const char* kLoopCollectiveHint =
@@ -100,7 +120,7 @@ Reducer::~Reducer() {
 // Set-up: bucket storage
 // ---------------------------------------------------------------------------------------------
 
-void Reducer::build_buckets(const std::vector<size_t>& order) {
+void Reducer::build_buckets(const std::vector<size_t>& order, Builders builders) {
   const auto layout = assign_buckets(bucket_params(), order, options_.first_bucket_bytes, options_.bucket_bytes);
 
   at::NoGradGuard no_grad;
@@ -108,31 +128,35 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   // bucket-view gradient keeps its old storage alive until it is copied in below).
   buckets_.clear();
   std::vector<Bucket> buckets(layout.size());
+  for (size_t b = 0; b < layout.size(); ++b) buckets[b].params = layout[b];
+  allocate_bucket_storage(buckets, builders);
   place_.assign(params_.size(), BucketPlace{});
   for (size_t b = 0; b < layout.size(); ++b) {
     Bucket& bucket = buckets[b];
-    bucket.params = layout[b];
-    const at::Tensor& first = params_[bucket.params.front()];
-    int64_t total = 0;
-    for (size_t p : bucket.params) total += params_[p].numel();
-    bucket.flat = at::zeros({total}, first.options().requires_grad(false));
     bucket.scale = at::full({}, 1.0 / divisor_, bucket.flat.options());
     bucket.collective = {bucket.flat};
-    bucket.in_place = !hook_runner_ && owner_ != nullptr && owner_->sums_in_place(bucket.flat);
-    if (bucket.in_place) bucket.pieces.reserve(bucket.params.size());
+    if (bucket.reduction == Reduction::kInPlace) bucket.pieces.reserve(bucket.params.size());
     int64_t offset = 0;
     for (size_t k = 0; k < bucket.params.size(); ++k) {
       at::Tensor& param = params_[bucket.params[k]];
-      // Shares the bucket's storage without being an autograd view, so that optimizers may
-      // detach_() and zero_() a gradient that lives in the bucket (gradient_as_bucket_view).
+      // Shares the bucket's memory without being an autograd view, so that optimizers may
+      // detach_() and zero_() a gradient that lives in the bucket. In a shared bucket without
+      // gradient_as_bucket_view, with a storage of its own: what the user keeps of a slot that is
+      // no longer a gradient is then told apart slot by slot (mark_ready).
       const at::Tensor view = bucket.flat.narrow(0, offset, param.numel()).view(param.sizes());
-      bucket.views.push_back(at::empty({0}, bucket.flat.options())
-                                 .set_(view.storage(), view.storage_offset(), view.sizes(), view.strides()));
+      const bool adopts = bucket.reduction == Reduction::kShared && !options_.gradient_as_bucket_view;
+      if (adopts) {
+        bucket.views.push_back(at::from_blob(view.data_ptr(), view.sizes(), [flat = bucket.flat](void*) {}, view.options()));
+      } else {
+        bucket.views.push_back(at::empty({0}, bucket.flat.options())
+                                   .set_(view.storage(), view.storage_offset(), view.sizes(), view.strides()));
+      }
       offset += param.numel();
       place_[bucket.params[k]] = BucketPlace{b, k};
-      // A gradient the user already holds moves into the bucket, so nothing is lost.
+      // A gradient the user already holds moves into the bucket, so nothing is lost (as it would
+      // after the next reduction, write_back_gradients).
       at::Tensor& grad = param.mutable_grad();
-      if (options_.gradient_as_bucket_view && grad.defined()) {
+      if (grad.defined() && (options_.gradient_as_bucket_view || (adopts && seen_only_by_its_parameter(grad)))) {
         bucket.views[k].copy_(grad);
         grad = bucket.views[k];
       }
@@ -148,6 +172,42 @@ void Reducer::build_buckets(const std::vector<size_t>& order) {
   used_host_ = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
   const auto device = collective_device(group_);
   used_device_ = device.is_cpu() ? used_host_ : used_host_.to(device);
+}
+
+// Each bucket's `flat`, and how it is reduced. Shared memory reduces without a hook where the
+// gradients are: in the buckets themselves when they can live in memory every rank maps (one
+// collective for all of them, so only where every rank builds its buckets), else where each
+// gradient lies.
+void Reducer::allocate_bucket_storage(std::vector<Bucket>& buckets, Builders builders) const {
+  std::vector<std::pair<int64_t, at::TensorOptions>> sizes, shareable;
+  for (Bucket& bucket : buckets) {
+    int64_t total = 0;
+    for (size_t p : bucket.params) total += params_[p].numel();
+    sizes.emplace_back(total, params_[bucket.params.front()].options().requires_grad(false));
+    if (!hook_runner_ && owner_ != nullptr && owner_->sums_in_place(at::empty({0}, sizes.back().second))) {
+      bucket.reduction = Reduction::kInPlace;
+      shareable.push_back(sizes.back());
+    }
+  }
+  // One tensor per shareable bucket, or none (on every rank alike).
+  std::vector<at::Tensor> shared;
+  if (!shareable.empty() && builders == Builders::kEveryRank) {
+    try {
+      shared = owner_->shared_zeros(shareable);
+    } catch (const std::exception& error) {  // a peer died or hung in the agreement
+      throw_collective_error("DistributedDataParallel: putting the gradient buckets in shared memory", kLoopCollectiveHint,
+                             error);
+    }
+  }
+  size_t next = 0;
+  for (size_t b = 0; b < buckets.size(); ++b) {
+    if (buckets[b].reduction == Reduction::kInPlace && !shared.empty()) {
+      buckets[b].flat = shared[next++];
+      buckets[b].reduction = Reduction::kShared;
+    } else {
+      buckets[b].flat = at::zeros({sizes[b].first}, sizes[b].second);
+    }
+  }
 }
 
 // What a communication hook sees of each bucket: views of the reducer's own storage.
@@ -184,7 +244,7 @@ void Reducer::register_comm_hook(CommHook hook) {
          "gradients enabled); the buckets of the iterations so far were reduced without it.");
   }
   hook_runner_ = std::make_unique<HookRunner>(std::move(hook), timeout_of(group_));
-  for (Bucket& bucket : buckets_) bucket.in_place = false;  // the hook reduces `flat`
+  for (Bucket& bucket : buckets_) bucket.reduction = Reduction::kFlat;  // the hook reduces `flat`
   hook_runner_->set_buckets(hook_buckets());
   hook_runner_->set_on_done([this](size_t b) { recorder_.reduced(b); });
   if (check_collectives_) {
@@ -202,7 +262,7 @@ const CommHook* Reducer::comm_hook() const {
 
 void Reducer::reallocate_buckets() {
   std::lock_guard<std::mutex> lock(mutex_);
-  build_buckets(bucket_order_);
+  build_buckets(bucket_order_, Builders::kThisRankAlone);  // private until the next rebuild, if any
   register_hooks();
 }
 
@@ -426,6 +486,15 @@ void Reducer::mark_ready(size_t param, bool used) {
   at::Tensor& slot = bucket.views[place_[param].index];
   recorder_.gradient_into(place_[param].bucket);
   at::NoGradGuard no_grad;
+  // A shared bucket's slot becomes the gradient when nobody else can see it (write_back_gradients),
+  // but the reduction writes into every slot. So the gradient keeps its values - moved to private
+  // memory, as in PyTorch - when it gets none in this pass (an unused parameter's); and so does an
+  // earlier gradient the user still holds (or a tensor made from it) after the optimizer reset
+  // the parameter's gradient to undefined.
+  if (bucket.reduction == Reduction::kShared && !options_.gradient_as_bucket_view) {
+    const bool is_gradient = params_[param].grad().is_same(slot);
+    if (is_gradient ? !used : slot.use_count() > 1 || slot.storage().use_count() > 1) slot = keep_apart(slot);
+  }
   in_grad_[param] = 0;
   if (!used) {
     slot.zero_();
@@ -436,20 +505,20 @@ void Reducer::mark_ready(size_t param, bool used) {
            "reduces dense gradients only (e.g. construct torch::nn::Embedding with sparse(false)).");
     }
     // Pre-divided while copying, unless a hook reduces (it gets the raw sums and averages itself)
-    // or the reduction divides in its own pass (in_place); dividing by a world of one is a wasted pass.
-    const bool average = divisor_ > 1 && !hook_runner_ && !bucket.in_place;
+    // or the reduction divides in its own pass (shared memory); dividing by a world of one is a wasted pass.
+    const bool average = divisor_ > 1 && bucket.reduction == Reduction::kFlat && !hook_runner_;
     if (options_.gradient_as_bucket_view) {
       if (!grad.is_same(slot)) {  // first iteration, or the optimizer reset grads to undefined
         slot.copy_(grad);
         grad = slot;
       }
       if (average) slot.mul_(bucket.scale);
-    } else if (bucket.in_place && grad.is_contiguous() && grad.scalar_type() == slot.scalar_type() &&
+    } else if (bucket.reduction == Reduction::kInPlace && grad.is_contiguous() && grad.scalar_type() == slot.scalar_type() &&
                grad.device() == slot.device() && !grad.requires_grad()) {
       in_grad_[param] = 1;  // reduced where it lies: nothing to copy in or out
     } else if (average) {
       at::mul_out(slot, grad, bucket.scale);  // copy and pre-divide in one pass
-    } else {
+    } else if (!grad.is_same(slot)) {  // in a shared bucket it may be its slot already
       slot.copy_(grad);
     }
     if (track_usage_) used_host_.data_ptr<int32_t>()[param] = 1;
@@ -495,12 +564,16 @@ void Reducer::launch_ready_buckets() {
   if (next_bucket_ == buckets_.size()) recorder_.all_ready();
 }
 
-// The bucket's allreduce: of `flat` (holding pre-divided gradients), or, in place, of each
-// member's gradient where it lies (or its slot, when it had to be copied there), scaled by
-// 1/divisor in the same pass.
+// The bucket's allreduce: of `flat` (holding pre-divided gradients); of `flat` where it lies in
+// shared memory; or of each member's gradient where it lies (or its slot, when it had to be copied
+// there). The last two scale by 1/divisor in the same pass.
 c10::intrusive_ptr<c10d::Work> Reducer::start_bucket_reduction(size_t b) {
   Bucket& bucket = buckets_[b];
-  if (!bucket.in_place) return group_->allreduce(bucket.collective);
+  switch (bucket.reduction) {
+    case Reduction::kFlat: return group_->allreduce(bucket.collective);
+    case Reduction::kShared: return owner_->start_shared_sum(bucket.flat, 1.0 / divisor_);
+    case Reduction::kInPlace: break;
+  }
   bool any_in_grad = false;
   bucket.pieces.clear();
   for (size_t k = 0; k < bucket.params.size(); ++k) {
@@ -624,9 +697,13 @@ void Reducer::write_back_gradients() {
   for (size_t p = 0; p < params_.size(); ++p) {
     if (globally_unused_[p]) continue;  // like a single process: no gradient, no update
     if (in_grad_[p]) continue;          // reduced in place: the average is already there
-    const at::Tensor& slot = buckets_[place_[p].bucket].views[place_[p].index];
+    const Bucket& bucket = buckets_[place_[p].bucket];
+    const at::Tensor& slot = bucket.views[place_[p].index];
     at::Tensor& grad = params_[p].mutable_grad();
-    if (options_.gradient_as_bucket_view) {
+    // In a shared bucket the slot becomes the gradient when that cannot be seen: later iterations
+    // then accumulate in the bucket, and nothing is copied in or back.
+    if (options_.gradient_as_bucket_view || (bucket.reduction == Reduction::kShared &&
+                                             (grad.is_same(slot) || seen_only_by_its_parameter(grad)))) {
       if (!grad.is_same(slot)) grad = slot;
     } else if (grad.defined()) {
       grad.copy_(slot);

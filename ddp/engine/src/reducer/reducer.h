@@ -6,10 +6,13 @@
 //     -> launch_ready_buckets()  every bucket whose members are all ready, in bucket order
 //   finalize()               end of backward: wait for the allreduces, write averages back
 //
-// On a group whose ranks share memory (gloo+shm), a bucket is reduced where the gradients lie:
-// nothing is copied into the bucket or back, and the division by the world size happens in the
-// reduction's pass (Bucket::in_place); the bucket's storage only holds what cannot be reduced
-// in place (zeros for unused parameters, gradients of another layout).
+// On a group whose ranks share memory (gloo+shm), a bucket is reduced where the gradients are,
+// and the division by the world size happens in the reduction's pass (bucket.h, Reduction). With
+// gradient_as_bucket_view the bucket itself lives in memory every rank maps, so each rank reduces
+// its slice of all ranks' buckets and writes it into all of them (kShared: two passes). Otherwise
+// each gradient is reduced where it lies (kInPlace): nothing is copied into the bucket or back,
+// and the bucket's storage only holds what cannot be reduced in place (zeros for unused
+// parameters, gradients of another layout).
 //
 // With a communication hook, buckets hold raw sums and "launch" hands a bucket to the hook thread
 // (hook_runner.h) instead of starting an allreduce; finalize waits for the hooks' results.
@@ -125,7 +128,11 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void write_back_gradients();
 
   // --- set-up -----------------------------------------------------------------------------------
-  void build_buckets(const std::vector<size_t>& order);
+  // Whether every rank builds its buckets at this point (construction, the rebuild, autotuning),
+  // so that they may be put in shared memory, a collective; or this rank alone (module.to()).
+  enum class Builders { kEveryRank, kThisRankAlone };
+  void allocate_bucket_storage(std::vector<Bucket>& buckets, Builders builders) const;
+  void build_buckets(const std::vector<size_t>& order, Builders builders = Builders::kEveryRank);
   std::vector<GradBucket> hook_buckets() const;
   void rebuild_buckets_in_observed_order();
   void autotune_step();
@@ -161,7 +168,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   mutable std::mutex mutex_;
   State state_ = State::kIdle;
   std::vector<char> ready_;           // ready_[param] in this iteration
-  std::vector<char> in_grad_;         // in_grad_[param]: reduced in param.grad itself (in_place buckets)
+  std::vector<char> in_grad_;         // in_grad_[param]: reduced in param.grad itself (kInPlace buckets)
   size_t next_bucket_ = 0;            // first bucket not launched yet
   std::vector<size_t> unused_;        // found unused at forward (static_graph: in iteration one),
                                       // marked when backward starts

@@ -29,12 +29,16 @@ c10::intrusive_ptr<c10d::Work> Channel::allgather(std::vector<std::vector<at::Te
   DDP_NO_SHM_CHANNEL("allgather");
 }
 c10::intrusive_ptr<c10d::Work> Channel::barrier() { DDP_NO_SHM_CHANNEL("barrier"); }
+std::vector<at::Tensor> Channel::shared_zeros(const std::vector<std::pair<int64_t, at::TensorOptions>>&) { return {}; }
+bool Channel::serves_shared_sum(const at::Tensor&) const { return false; }
+c10::intrusive_ptr<c10d::Work> Channel::shared_sum(at::Tensor&, double) { DDP_NO_SHM_CHANNEL("shared_sum"); }
 }  // namespace ddp::detail::shm
 #else
 
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cstdio>
@@ -319,6 +323,85 @@ c10::intrusive_ptr<c10d::Work> Channel::allgather(std::vector<std::vector<at::Te
 
 c10::intrusive_ptr<c10d::Work> Channel::barrier() {
   return issue(c10d::OpType::BARRIER, {}, [this] { communicator_->barrier(); });
+}
+
+// --- DDP's buckets in shared memory -----------------------------------------------------------
+
+std::vector<at::Tensor> Channel::shared_zeros(const std::vector<std::pair<int64_t, at::TensorOptions>>& tensors) {
+  // Where each tensor starts in the array: at a multiple of 64 bytes (whole cache lines).
+  std::vector<std::size_t> offsets;
+  std::size_t bytes = 0;
+  bool served = !hierarchical_ && !tensors.empty();
+  for (const auto& [numel, options] : tensors) {
+    served = served && numel >= 0 && dtype_of(c10::typeMetaToScalarType(options.dtype()));
+    offsets.push_back(bytes);
+    bytes += (static_cast<std::size_t>(std::max<int64_t>(numel, 0)) * options.dtype().itemsize() + 63) / 64 * 64;
+  }
+  if (!served) return {};  // the same answer on every rank: nothing was communicated
+  std::shared_ptr<SharedArray> array;
+  std::string refused;
+  // On the channel's thread, in order with the collectives issued before it.
+  issue(c10d::OpType::UNKNOWN, {}, [this, bytes, &array, &refused] {
+    try {
+      array = communicator_->share(bytes);
+    } catch (const ShmUnavailable& e) {
+      refused = e.what();
+    }
+  })->wait();  // a peer's failure comes out of wait() as its PeerError
+  if (!array) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) {
+      std::fprintf(stderr, "[torchddp] DDP's gradient buckets stay in private memory (%s); shared memory reduces them "
+                   "all the same, with more copies\n", refused.c_str());
+    }
+    return {};
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    arrays_.erase(std::remove_if(arrays_.begin(), arrays_.end(), [](const auto& a) { return a.expired(); }), arrays_.end());
+    arrays_.push_back(array);
+  }
+  // Each tensor keeps the array (every rank's part, mapped) alive; the array unmaps with the last.
+  std::vector<at::Tensor> out;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    void* data = static_cast<unsigned char*>(array->mine()) + offsets[i];
+    out.push_back(at::from_blob(data, {tensors[i].first}, [array](void*) {},
+                                tensors[i].second.device(at::kCPU).requires_grad(false)));
+  }
+  return out;
+}
+
+// The array `tensor` lies in, and where in it (bytes), or null.
+static std::pair<std::shared_ptr<SharedArray>, std::size_t> find_array(const std::vector<std::weak_ptr<SharedArray>>& arrays,
+                                                                      const at::Tensor& tensor) {
+  const auto* first = static_cast<const unsigned char*>(tensor.data_ptr());
+  for (const auto& weak : arrays) {
+    auto array = weak.lock();
+    if (!array) continue;
+    const auto* mine = static_cast<const unsigned char*>(array->mine());
+    if (first >= mine && first + tensor.nbytes() <= mine + array->bytes()) return {array, static_cast<std::size_t>(first - mine)};
+  }
+  return {nullptr, 0};
+}
+
+bool Channel::serves_shared_sum(const at::Tensor& tensor) const {
+  if (!serves_scaled_sum({tensor})) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return find_array(arrays_, tensor).first != nullptr;
+}
+
+c10::intrusive_ptr<c10d::Work> Channel::shared_sum(at::Tensor& tensor, double scale) {
+  std::pair<std::shared_ptr<SharedArray>, std::size_t> place;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    place = find_array(arrays_, tensor);
+  }
+  TORCH_INTERNAL_ASSERT(place.first, "Channel::shared_sum of a tensor outside the channel's shared memory");
+  const DType dtype = *dtype_of(tensor.scalar_type());
+  const auto count = static_cast<std::size_t>(tensor.numel());
+  return issue(c10d::OpType::ALLREDUCE, {tensor}, [this, place, count, dtype, scale] {
+    communicator_->allreduce_shared(*place.first, place.second, count, dtype, Op::kSum, scale);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> Channel::issue(c10d::OpType type, std::vector<at::Tensor> result,

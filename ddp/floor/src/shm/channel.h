@@ -25,6 +25,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -39,6 +40,7 @@ namespace ddp::detail::shm {
 
 class Communicator;
 class Hierarchical;
+class SharedArray;
 
 class Channel {
  public:
@@ -78,6 +80,17 @@ class Channel {
                                            std::vector<at::Tensor>& inputs);
   c10::intrusive_ptr<c10d::Work> barrier();
 
+  // DDP's buckets in memory every rank of the group maps (communicator.h, SharedArray), reduced
+  // where they are. Collective, in order with the other collectives: one zeroed CPU tensor of
+  // each (numel, options) asked for, all in one shared array - or none, on every rank alike, when
+  // the channel cannot share memory (across hosts; a dtype it does not reduce; ranks asking for
+  // different sizes; /dev/shm too small: said once on stderr).
+  std::vector<at::Tensor> shared_zeros(const std::vector<std::pair<int64_t, at::TensorOptions>>& tensors);
+  // Whether `tensor` lies in memory this channel's shared_zeros made, and SUM is served for it.
+  bool serves_shared_sum(const at::Tensor& tensor) const;
+  // allreduce SUM of such a tensor where it lies, times `scale` in the same pass.
+  c10::intrusive_ptr<c10d::Work> shared_sum(at::Tensor& tensor, double scale);
+
  private:
   class Work;
   Channel(std::unique_ptr<Communicator> communicator, std::unique_ptr<Hierarchical> hierarchical);
@@ -89,7 +102,8 @@ class Channel {
   // One of the two: every rank of the group on this host, or several hosts (the allreduce only).
   std::unique_ptr<Communicator> communicator_;
   std::unique_ptr<Hierarchical> hierarchical_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;  // guards the queue and arrays_
+  std::vector<std::weak_ptr<SharedArray>> arrays_;  // what shared_zeros made, while tensors use it
   std::condition_variable wake_;
   std::deque<std::function<void()>> queue_;
   bool stopping_ = false;

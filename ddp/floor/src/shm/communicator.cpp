@@ -24,13 +24,15 @@ using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 constexpr std::uint64_t kMagic = 0x746f726368646470ull;  // "torchddp"
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;  // 2: descriptors carry an offset (allreduce_shared)
 constexpr std::size_t kControlBytes = 4096;  // the control block's page; the data buffers follow
 constexpr std::size_t kMessageBytes = 1024;
 constexpr auto kSleepSlice = 50ms;      // longest futex sleep: then look at the deadline and the peers
 constexpr auto kPidCheckEvery = 100ms;  // how often a waiting rank asks whether lagging peers still live
 
-enum class Kind : std::uint32_t { kAllreduce = 1, kBroadcast, kAllgather, kBarrier, kReduceScatter, kAllgatherParts };
+enum class Kind : std::uint32_t {
+  kAllreduce = 1, kBroadcast, kAllgather, kBarrier, kReduceScatter, kAllgatherParts, kAllreduceShared
+};
 
 // CPUs this process may run on: fewer than ranks means the rank we wait for may need our core.
 int cpus_available() {
@@ -80,7 +82,8 @@ struct Communicator::Descriptor {
   std::uint64_t count = 0;     // allreduce: elements; broadcast, allgather: bytes (per rank)
   DType dtype = DType::kUInt8;
   Op op = Op::kSum;
-  std::int32_t root = -1;
+  std::int32_t root = -1;      // allreduce_shared: the array's id
+  std::uint64_t offset = 0;    // allreduce_shared: bytes into the array
   double scale = 1.0;          // allreduce: what the sum is multiplied by
 
   // allreduce's and reduce_scatter's.
@@ -96,7 +99,7 @@ struct Communicator::Descriptor {
 
   bool operator==(const Descriptor& other) const {
     return sequence == other.sequence && kind == other.kind && count == other.count && dtype == other.dtype && op == other.op &&
-           root == other.root && scale == other.scale;
+           root == other.root && offset == other.offset && scale == other.scale;
   }
 };
 
@@ -137,7 +140,7 @@ struct Communicator::Step {
 // --- Setup ---------------------------------------------------------------------------------------
 
 Communicator::Communicator(Rendezvous& rendezvous, const std::string& name_prefix, int rank, int size, Options options)
-    : options_(options), rank_(rank), size_(size) {
+    : options_(options), prefix_(name_prefix), rank_(rank), size_(size) {
   if (size < 1 || rank < 0 || rank >= size) {
     throw std::invalid_argument("shm::Communicator: rank " + std::to_string(rank) + " of " + std::to_string(size) + " is not a rank");
   }
@@ -447,12 +450,17 @@ std::string Communicator::describe(const Descriptor& d) const {
   const std::string number = " #" + std::to_string(d.sequence);
   switch (d.kind) {
     case Kind::kAllreduce:
-    case Kind::kReduceScatter: {
+    case Kind::kReduceScatter:
+    case Kind::kAllreduceShared: {
       std::string op = op_name(d.op);
       if (d.scale != 1.0) {
         std::ostringstream factor;
         factor << " x " << d.scale;
         op += factor.str();
+      }
+      if (d.kind == Kind::kAllreduceShared) {
+        return "allreduce_shared" + number + " (" + std::to_string(d.count) + " x " + dtype_name(d.dtype) + ", " + op +
+               ", shared array " + std::to_string(d.root) + " at byte " + std::to_string(d.offset) + ")";
       }
       return (d.kind == Kind::kAllreduce ? "allreduce" : "reduce_scatter") + number + " (" + std::to_string(d.count) + " x " +
              dtype_name(d.dtype) + ", " + op + ")";
@@ -680,6 +688,114 @@ void Communicator::barrier() {
     // Post that I arrived; wait until everyone has.
     post();
     wait_all(posted_, {"the peers to arrive"});
+  });
+}
+
+// --- Memory the ranks share: DDP's buckets (issue 24) -----------------------------------------
+
+std::shared_ptr<SharedArray> Communicator::share(std::size_t bytes) {
+  if (error_) throw *error_;
+  std::shared_ptr<SharedArray> array(new SharedArray);
+  array->rank_ = rank_;
+  array->bytes_ = bytes;
+  array->id_ = ++arrays_shared_;
+  array->segments_.resize(size_);
+  const auto name_of = [&](int r) { return prefix_ + "-a" + std::to_string(array->id_) + "-" + std::to_string(r); };
+  const std::size_t segment_bytes = std::max<std::size_t>(bytes, 64);
+  // Each rank's status after a step, gathered: empty when it went well, else why not (cut short).
+  constexpr std::size_t kStatusBytes = 256;
+  std::vector<char> statuses(static_cast<std::size_t>(size_) * kStatusBytes);
+  const auto agree = [&](const std::string& failure, const char* step) {
+    char status[kStatusBytes] = {};
+    failure.copy(status, kStatusBytes - 1);
+    allgather(status, kStatusBytes, statuses.data());
+    for (int r = 0; r < size_; ++r) {
+      const char* theirs = statuses.data() + static_cast<std::size_t>(r) * kStatusBytes;
+      if (theirs[0] != '\0') {
+        throw ShmUnavailable(name(r) + " could not " + step + " shared memory for an array of " + std::to_string(bytes) +
+                             " bytes: " + std::string(theirs, strnlen(theirs, kStatusBytes)));
+      }
+    }
+  };
+  // 0. The same size everywhere (DDP's buckets, say, differ between ranks that disagree on them).
+  std::vector<std::uint64_t> sizes(size_);
+  const std::uint64_t mine = bytes;
+  allgather(&mine, sizeof mine, sizes.data());
+  for (int r = 0; r < size_; ++r) {
+    if (sizes[r] != sizes[0]) {
+      throw ShmUnavailable(name(0) + " asks for shared memory for an array of " + std::to_string(sizes[0]) + " bytes, " +
+                           name(r) + " for one of " + std::to_string(sizes[r]));
+    }
+  }
+  try {
+    // 1. Create my part (zeroed, its pages allocated now); learn whether every rank could.
+    std::string failure;
+    try {
+      array->segments_[rank_] = Segment::create(name_of(rank_), segment_bytes);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    agree(failure, "create");
+    // 2. Map every peer's part; learn whether every rank could. Then nobody needs a name any more.
+    for (int p = 0; p < size_ && failure.empty(); ++p) {
+      if (p == rank_) continue;
+      try {
+        array->segments_[p] = Segment::open(name_of(p), segment_bytes);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    }
+    agree(failure, "map");
+    array->segments_[rank_].unlink();
+  } catch (const PeerError&) {
+    // A peer failed inside the agreement (it died, say): it may not remove its own name any more.
+    for (int p = 0; p < size_; ++p) ::shm_unlink(name_of(p).c_str());
+    throw;
+  }
+  // On ShmUnavailable the segments go with `array`, each rank's name with its creator.
+  return array;
+}
+
+void Communicator::allreduce_shared(const SharedArray& array, std::size_t offset, std::size_t count, DType dtype, Op op,
+                                    double scale) {
+  check_reduction("allreduce_shared", dtype, op, scale);
+  const std::size_t element = dtype_size(dtype);
+  if (offset % element != 0 || offset + count * element > array.bytes() || array.rank_ != rank_ ||
+      array.segments_.size() != static_cast<std::size_t>(size_)) {
+    throw std::invalid_argument("shm::Communicator::allreduce_shared: " + std::to_string(count) + " x " + dtype_name(dtype) +
+                                " at byte " + std::to_string(offset) + " is not inside this group's shared array of " +
+                                std::to_string(array.bytes()) + " bytes");
+  }
+  if (error_) throw *error_;
+  const auto at = [&](int rank) { return static_cast<unsigned char*>(array.of(rank)) + offset; };
+  if (size_ == 1) {  // the reduction of one array is itself, scaled
+    allreduce({{at(0), count}}, dtype, op, scale);
+    return;
+  }
+  Descriptor descriptor = Descriptor::reduction(Kind::kAllreduceShared, count, dtype, op, scale);
+  descriptor.root = static_cast<std::int32_t>(array.id_);
+  descriptor.offset = offset;
+  run(descriptor, [&] {
+    // 1. My part holds my data (the caller wrote it): post, so the peers may read it.
+    post();
+    // 2. Once every part is in: reduce my slice from all W parts, in rank order, block by block
+    //    into my own part, and copy each block into every peer's part while it is still in cache.
+    //    Only this rank reads or writes this slice of any part, so nobody waits for anyone here.
+    wait_all(posted_, {"the peers' data"});
+    const auto [begin, end] = slice(rank_, count, element);
+    const std::size_t block = std::max<std::size_t>(1, (std::size_t{16} << 10) / element);  // a few KiB: stays in L1
+    for (std::size_t first = begin; first < end; first += block) {
+      const std::size_t n = std::min(block, end - first);
+      for (int q = 0; q < size_; ++q) sources_[q] = at(q) + first * element;
+      unsigned char* reduced = at(rank_) + first * element;
+      reduce_into(reduced, sources_.data(), size_, n, dtype, op, scale);
+      for (int q = 0; q < size_; ++q) {
+        if (q != rank_) copy_bytes(at(q) + first * element, reduced, n * element);
+      }
+    }
+    // 3. Post that my slice is everywhere; once every peer has, my part holds the whole result.
+    post();
+    wait_all(posted_, {"the peers' reduced slices"});
   });
 }
 

@@ -73,6 +73,28 @@ class PeerError : public std::runtime_error {
   int peer_;
 };
 
+// Memory every rank of a group can read and write, for one array: each rank has `bytes` of its
+// own, and every peer maps it too. Made by Communicator::share(); DDP's gradient buckets live in
+// one each (issue 24), so allreduce_shared() reduces them where they are - each rank reads its
+// 1/W slice from every rank's memory and writes the result back into every rank's memory: two
+// passes over the array per rank instead of the five of an allreduce through the data buffers.
+// It lives as long as its last holder (a tensor over it may outlive the Communicator); nothing of
+// it is left in /dev/shm once share() has returned.
+class SharedArray {
+ public:
+  void* mine() const noexcept { return segments_[rank_].data(); }
+  void* of(int rank) const noexcept { return segments_[rank].data(); }
+  std::size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  friend class Communicator;
+  SharedArray() = default;
+  std::vector<Segment> segments_;  // by rank
+  int rank_ = 0;
+  std::size_t bytes_ = 0;
+  std::uint32_t id_ = 0;  // the n-th share() of the group: the same on every rank
+};
+
 // `count` elements of the collective's dtype at `data`.
 struct Span {
   void* data;
@@ -134,6 +156,20 @@ class Communicator {
   void allgather(const void* in, std::size_t bytes_per_rank, void* out);
   // Returns once every rank has called barrier().
   void barrier();
+
+  // Collective: `bytes` of zeroed memory for this rank that every peer maps, and theirs (see
+  // SharedArray). Throws ShmUnavailable on every rank alike when the ranks ask for different sizes,
+  // or any rank could not create or map its part (/dev/shm full: its size is the tmpfs mount's or
+  // the container's --shm-size); the communicator stays usable then, and nothing is left in
+  // /dev/shm.
+  std::shared_ptr<SharedArray> share(std::size_t bytes);
+  // In place, like allreduce: the `count` elements of `dtype` at byte `offset` of every rank's
+  // part of `array` (a multiple of the element size) become their reduction over the ranks, in
+  // rank order, times `scale`, bit-identical on every rank. Every rank passes the same array,
+  // offset and count (the desync check names a rank that does not). The caller writes its part
+  // before the call and leaves all of it alone until the call returns.
+  void allreduce_shared(const SharedArray& array, std::size_t offset, std::size_t count, DType dtype, Op op,
+                        double scale = 1.0);
 
   // The halves of an allreduce, for a hierarchical one (issue 29): reduce inside the host, each
   // local rank allreduces its part across the hosts, then the parts are shared inside the host.
@@ -198,6 +234,8 @@ class Communicator {
   static void check_reduction(const char* collective, DType dtype, Op op, double scale);
 
   Options options_;
+  std::string prefix_;                // the segments' names ("<prefix>-<rank>"), and shared arrays'
+  std::uint32_t arrays_shared_ = 0;   // share() calls made
   int rank_;
   int size_;
   std::vector<Peer> peers_;  // by rank; peers_[rank_] is this rank's own segment

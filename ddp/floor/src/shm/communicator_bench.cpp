@@ -1,6 +1,7 @@
 // Micro-benchmark of the shared-memory allreduce (ddp/floor/src/shm): float32 SUM at 4 KB,
 // 256 KB, 4 MB and 33.6 MB (mlp_b4's gradients) between forked ranks on this host, the median of
-// many runs each, beside the memory passes it is made of, timed alone in one process: memcpy
+// many runs each - through the buffers (allreduce) and where the data lies in a shared array
+// (allreduce_shared, as DDP's buckets; scaled by 1/ranks as DDP's average) - beside the memory passes it is made of, timed alone in one process: memcpy
 // (and the collectives' own copy loop, copy_bytes) and a float add over 33.6 MB. Run it on a quiet
 // machine.
 //
@@ -15,6 +16,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -128,7 +131,8 @@ int main(int argc, char** argv) {
     try {
       FileRendezvous rendezvous(folder);
       shm::Communicator comm(rendezvous, prefix, rank, ranks, options);
-      std::vector<double> medians;  // per size: this rank's median, ms
+      std::vector<double> medians;  // per size: this rank's median, ms; then allreduce_shared's
+      std::shared_ptr<shm::SharedArray> array = comm.share(kSizes[std::size(kSizes) - 1].floats * sizeof(float));
       for (const Size& size : kSizes) {
         std::vector<float> data(size.floats, 1.0f);
         const int runs = std::max(5, static_cast<int>(size.runs * runs_scale));
@@ -142,19 +146,42 @@ int main(int argc, char** argv) {
         }
         medians.push_back(median(times));
       }
+      for (const Size& size : kSizes) {
+        auto* data = static_cast<float*>(array->mine());
+        std::fill(data, data + size.floats, 1.0f);
+        const int runs = std::max(5, static_cast<int>(size.runs * runs_scale));
+        const auto once = [&] { comm.allreduce_shared(*array, 0, size.floats, shm::DType::kFloat32, shm::Op::kSum, 1.0 / ranks); };
+        for (int i = 0; i < 3; ++i) once();
+        std::vector<double> times;
+        for (int i = 0; i < runs; ++i) {
+          comm.barrier();
+          const auto start = Clock::now();
+          once();
+          times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
+        }
+        medians.push_back(median(times));
+      }
       std::vector<double> all(medians.size() * ranks);
       comm.allgather(medians.data(), medians.size() * sizeof(double), all.data());
       if (rank == 0) {
         std::printf("shared-memory allreduce, float32 SUM, %d ranks, chunk %zu KiB, one step up to %zu KiB (median per rank, ms)\n", ranks,
                     comm.options().chunk_bytes >> 10, comm.options().one_step_bytes >> 10);
-        std::printf("%-9s %10s %10s %10s\n", "size", "fastest", "slowest", "GB/s");
-        for (std::size_t s = 0; s < medians.size(); ++s) {
+        std::printf("%-9s %10s %10s %10s   %s\n", "size", "fastest", "slowest", "GB/s", "shared array: fastest, slowest, GB/s");
+        const std::size_t sizes = std::size(kSizes);
+        const auto extremes = [&](std::size_t column) {
           double fastest = 1e30, slowest = 0;
           for (int r = 0; r < ranks; ++r) {
-            fastest = std::min(fastest, all[r * medians.size() + s]);
-            slowest = std::max(slowest, all[r * medians.size() + s]);
+            fastest = std::min(fastest, all[r * medians.size() + column]);
+            slowest = std::max(slowest, all[r * medians.size() + column]);
           }
-          std::printf("%-9s %10.4f %10.4f %10.2f\n", kSizes[s].label, fastest, slowest, kSizes[s].floats * 4 / slowest / 1e6);
+          return std::make_pair(fastest, slowest);
+        };
+        for (std::size_t s = 0; s < sizes; ++s) {
+          const auto [fastest, slowest] = extremes(s);
+          const auto [shared_fastest, shared_slowest] = extremes(sizes + s);
+          std::printf("%-9s %10.4f %10.4f %10.2f   %10.4f %10.4f %10.2f\n", kSizes[s].label, fastest, slowest,
+                      kSizes[s].floats * 4 / slowest / 1e6, shared_fastest, shared_slowest,
+                      kSizes[s].floats * 4 / shared_slowest / 1e6);
         }
       }
     } catch (const std::exception& e) {

@@ -656,7 +656,9 @@ using NumericsCheck = std::function<std::string(shm::Communicator& comm, const F
 // Every format and reduction at sizes around one step, 64 bytes per rank and chunks; the floating
 // sums also scaled by 1/world (DDP's average). The reports carry the results' hashes, so the parent
 // checks that every rank got the same bits.
-void run_numerics(int world, const NumericsCheck& check) {
+// `sizes` replaces the sizes (given the element count of 64 bytes per rank).
+void run_numerics(int world, const NumericsCheck& check,
+                  const std::function<std::vector<std::size_t>(std::size_t per_rank_64)>& sizes_of = nullptr) {
   Scratch scratch;
   const auto outcomes = run_ranks(world, scratch, [&](int rank) {
     FileRendezvous rendezvous(scratch.folder);
@@ -670,6 +672,7 @@ void run_numerics(int world, const NumericsCheck& check) {
       const std::size_t parts_of_64 = w * (64 / element);  // every rank's part 64 bytes (reduce_scatter)
       std::vector<std::size_t> sizes = {0, 1, w - 1, one_step - 1, one_step, one_step + 1, parts_of_64 - 1, parts_of_64,
                                         parts_of_64 + 1, chunk - 1, chunk, chunk + 1, 2 * chunk + w, 1000003};
+      if (sizes_of) sizes = sizes_of(parts_of_64);
       std::sort(sizes.begin(), sizes.end());
       sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
       for (const shm::Op op : kOps) {
@@ -703,6 +706,91 @@ void run_allreduce_numerics(int world) {
 TEST(ShmCommunicator, AllreduceMatchesTheReferenceAtTwoRanks) { run_allreduce_numerics(2); }
 TEST(ShmCommunicator, AllreduceMatchesTheReferenceAtThreeRanks) { run_allreduce_numerics(3); }
 TEST(ShmCommunicator, AllreduceMatchesTheReferenceAtFourRanks) { run_allreduce_numerics(4); }
+
+// allreduce_shared: each test tensor written into this rank's part of one shared array (made once
+// per rank process, big enough for the largest), at an offset that moves with the seed, so slices
+// start anywhere. (A peer's part is not compared here: once the call returns, the peer may already
+// write its next tensor there. The hashes show that every rank got the same bits.)
+void run_allreduce_shared_numerics(int world) {
+  run_numerics(world, [](shm::Communicator& comm, const Format& format, shm::Op op, std::size_t count, std::uint64_t seed,
+                         double scale, std::string& hashes) {
+    static std::shared_ptr<shm::SharedArray> array = comm.share(std::size_t{1000003} * 8 + 64 * 8);
+    const std::size_t element = shm::dtype_size(format.dtype);
+    const std::size_t offset = (seed % 64) * element;
+    auto* mine = static_cast<unsigned char*>(array->mine()) + offset;
+    for (std::size_t i = 0; i < count; ++i) make_element(format, op, seed, comm.rank(), i, mine);
+    comm.allreduce_shared(*array, offset, count, format.dtype, op, scale);
+    const std::string errors = compare_with_reference(format, op, seed, comm.size(), scale, mine, 0, count);
+    const std::string what = std::string(shm::dtype_name(format.dtype)) + " " + shm::op_name(op) + " x " + std::to_string(count) +
+                             " shared, scaled by " + std::to_string(scale);
+    hashes += "HASH " + what + " " + std::to_string(fnv1a(mine, count * element)) + "\n";
+    return errors.empty() ? "" : what + " at " + std::to_string(comm.size()) + " ranks:\n" + errors;
+  }, [world](std::size_t per_rank_64) {
+    // No chunks here: slices (64 bytes per rank and around) and the 16 KiB blocks (4096 elements
+    // of float32) matter, and one size that is none of these.
+    const std::size_t w = static_cast<std::size_t>(world);
+    return std::vector<std::size_t>{0, 1, w - 1, per_rank_64 - 1, per_rank_64, per_rank_64 + 1, 4096 * w - 1, 4096 * w + 1,
+                                    3 * 4096 * w + 7, 100003};
+  });
+}
+
+TEST(ShmCommunicator, AllreduceSharedMatchesTheReferenceAtTwoRanks) { run_allreduce_shared_numerics(2); }
+TEST(ShmCommunicator, AllreduceSharedMatchesTheReferenceAtThreeRanks) { run_allreduce_shared_numerics(3); }
+
+// A shared array leaves nothing in /dev/shm, outlives its communicator, and a rank that passes
+// another offset than its peers is a desync every rank names; a share() that cannot be served
+// (larger than /dev/shm, or of different sizes) throws ShmUnavailable on every rank and leaves
+// the group usable.
+TEST(ShmCommunicator, SharedArraysLeaveNothingDisagreeingRanksAreNamedAndTooBigIsRefused) {
+  constexpr int kWorld = 2;
+  Scratch scratch;
+  const auto outcomes = run_ranks(kWorld, scratch, [&](int rank) -> std::string {
+    FileRendezvous rendezvous(scratch.folder);
+    std::string errors;
+    std::shared_ptr<shm::SharedArray> array;
+    {
+      shm::Communicator comm(rendezvous, scratch.prefix, rank, kWorld, test_options());
+      array = comm.share(4096);
+      comm.barrier();  // every rank has removed its name
+      if (!leftovers(scratch.prefix).empty()) errors += "after share: " + leftovers(scratch.prefix).front() + "\n";
+      auto* values = static_cast<float*>(array->mine());
+      for (int i = 0; i < 1024; ++i) values[i] = static_cast<float>(rank + 1);
+      comm.allreduce_shared(*array, 0, 1024, shm::DType::kFloat32, shm::Op::kSum, 0.5);
+      if (values[1023] != 1.5f) errors += "wrong average: " + std::to_string(values[1023]) + "\n";
+      try {
+        comm.share(std::size_t{1} << 50);  // a petabyte: no /dev/shm has it
+        errors += "sharing a petabyte did not throw\n";
+      } catch (const shm::ShmUnavailable& e) {
+        if (std::string(e.what()).find("could not create shared memory for an array of 1125899906842624 bytes") ==
+            std::string::npos) {
+          errors += std::string("unexpected refusal: ") + e.what() + "\n";
+        }
+      }
+      try {
+        comm.share(rank == 0 ? 64 : 128);
+        errors += "sharing arrays of different sizes did not throw\n";
+      } catch (const shm::ShmUnavailable& e) {
+        if (std::string(e.what()) != "rank 0 asks for shared memory for an array of 64 bytes, rank 1 for one of 128") {
+          errors += std::string("unexpected refusal of different sizes: ") + e.what() + "\n";
+        }
+      }
+      comm.barrier();  // still usable
+      try {
+        comm.allreduce_shared(*array, rank == 0 ? 0 : 64, 16, shm::DType::kFloat32, shm::Op::kSum);
+        errors += "disagreeing offsets did not throw\n";
+      } catch (const shm::PeerError& e) {
+        if (std::string(e.what()).find("rank 0 runs allreduce_shared #") == std::string::npos ||
+            std::string(e.what()).find("at byte 64") == std::string::npos) {
+          errors += std::string("unexpected desync text: ") + e.what() + "\n";
+        }
+      }
+    }
+    if (static_cast<float*>(array->mine())[0] != 1.5f) errors += "the array did not outlive its communicator\n";
+    return errors;
+  });
+  expect_all_good(outcomes);
+  EXPECT_TRUE(leftovers(scratch.prefix).empty());
+}
 
 // reduce_scatter, then allgather_parts, of one test tensor of `count` elements. The parts tile the
 // tensor at 64-byte boundaries; after reduce_scatter this rank's part matches the reference and the
