@@ -50,7 +50,8 @@ std::vector<at::Tensor> OwnedGroup::shared_zeros(const std::vector<std::pair<int
 }
 
 c10::intrusive_ptr<c10d::Work> OwnedGroup::start_shared_sum(at::Tensor& tensor, double scale) {
-  TORCH_INTERNAL_ASSERT(shm_ && shm_->serves_shared_sum(tensor), "start_shared_sum of a tensor shared_zeros did not make");
+  // shared_sum finds the tensor's array, and asserts that there is one.
+  TORCH_INTERNAL_ASSERT(shm_, "start_shared_sum on a group without shared memory");
   return shm_->shared_sum(tensor, scale);
 }
 

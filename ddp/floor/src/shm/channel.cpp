@@ -30,7 +30,6 @@ c10::intrusive_ptr<c10d::Work> Channel::allgather(std::vector<std::vector<at::Te
 }
 c10::intrusive_ptr<c10d::Work> Channel::barrier() { DDP_NO_SHM_CHANNEL("barrier"); }
 std::vector<at::Tensor> Channel::shared_zeros(const std::vector<std::pair<int64_t, at::TensorOptions>>&) { return {}; }
-bool Channel::serves_shared_sum(const at::Tensor&) const { return false; }
 c10::intrusive_ptr<c10d::Work> Channel::shared_sum(at::Tensor&, double) { DDP_NO_SHM_CHANNEL("shared_sum"); }
 }  // namespace ddp::detail::shm
 #else
@@ -382,12 +381,6 @@ static std::pair<std::shared_ptr<SharedArray>, std::size_t> find_array(const std
     if (first >= mine && first + tensor.nbytes() <= mine + array->bytes()) return {array, static_cast<std::size_t>(first - mine)};
   }
   return {nullptr, 0};
-}
-
-bool Channel::serves_shared_sum(const at::Tensor& tensor) const {
-  if (!serves_scaled_sum({tensor})) return false;
-  std::lock_guard<std::mutex> lock(mutex_);
-  return find_array(arrays_, tensor).first != nullptr;
 }
 
 c10::intrusive_ptr<c10d::Work> Channel::shared_sum(at::Tensor& tensor, double scale) {

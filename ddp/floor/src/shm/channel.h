@@ -86,9 +86,7 @@ class Channel {
   // the channel cannot share memory (across hosts; a dtype it does not reduce; ranks asking for
   // different sizes; /dev/shm too small: said once on stderr).
   std::vector<at::Tensor> shared_zeros(const std::vector<std::pair<int64_t, at::TensorOptions>>& tensors);
-  // Whether `tensor` lies in memory this channel's shared_zeros made, and SUM is served for it.
-  bool serves_shared_sum(const at::Tensor& tensor) const;
-  // allreduce SUM of such a tensor where it lies, times `scale` in the same pass.
+  // allreduce SUM of a tensor shared_zeros made, where it lies, times `scale` in the same pass.
   c10::intrusive_ptr<c10d::Work> shared_sum(at::Tensor& tensor, double scale);
 
  private:

@@ -774,6 +774,15 @@ TEST(ShmCommunicator, SharedArraysLeaveNothingDisagreeingRanksAreNamedAndTooBigI
           errors += std::string("unexpected refusal of different sizes: ") + e.what() + "\n";
         }
       }
+      try {
+        comm.allreduce_shared(*array, 4096 - 4, 2, shm::DType::kFloat32, shm::Op::kSum);
+        errors += "an allreduce_shared past the array's end did not throw\n";
+      } catch (const std::invalid_argument& e) {
+        if (std::string(e.what()) != "shm::Communicator::allreduce_shared: 2 x float32 at byte 4092 is not inside this "
+                                      "group's shared array of 4096 bytes") {
+          errors += std::string("unexpected text for an allreduce_shared past the end: ") + e.what() + "\n";
+        }
+      }
       comm.barrier();  // still usable
       try {
         comm.allreduce_shared(*array, rank == 0 ? 0 : 64, 16, shm::DType::kFloat32, shm::Op::kSum);
