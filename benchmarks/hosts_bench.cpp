@@ -9,6 +9,8 @@
 //   flat          gloo                                     median <ms> (p10 <ms>, p90 <ms>)
 //   hierarchical  gloo+shm hierarchical (2 hosts x 2)      median <ms> (p10 <ms>, p90 <ms>)
 //   hierarchical/flat = <ratio>
+// With --phases, then the parts of a step timed apart (time_phases): the computation alone, and one
+// allreduce of the gradients' size over each group.
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -33,11 +35,12 @@ struct Settings {
   int steps = 3;   // timed steps per group per round
   int rounds = 10;
   int timeout_s = 600;
+  bool phases = false;  // also time a step's parts apart: the computation alone, the allreduce alone
 };
 
 void usage() {
   std::cout << "usage: hosts_bench [--batch N] [--mlp-width N] [--mlp-layers N] [--cap MB] [--warmup N] [--steps N]\n"
-               "                   [--rounds N] [--timeout SECONDS]\n"
+               "                   [--rounds N] [--timeout SECONDS] [--phases]\n"
                "  one rank; run it through benchmarks/over_hosts.sh, which starts every rank on its host\n";
 }
 
@@ -48,6 +51,10 @@ Settings parse(int argc, char** argv) {
     if (flag == "--help" || flag == "-h") {
       usage();
       std::exit(0);
+    }
+    if (flag == "--phases") {
+      s.phases = true;
+      continue;
     }
     if (i + 1 >= argc) throw std::invalid_argument("hosts_bench: " + flag + " needs a value (--help lists the flags)");
     const std::string value = argv[++i];
@@ -93,6 +100,48 @@ struct Trainer {
   }
 };
 
+// The parts of a step apart, every rank at once as in training: the computation (the same model and
+// batch, not wrapped: forward, backward, SGD), and one allreduce of all the gradients' elements as
+// one tensor over each group. Rank 0 prints the medians.
+void time_phases(const Settings& s, const ddp::ProcessGroupPtr& world, const std::vector<Trainer>& trainers) {
+  auto model = make_model(s.config);
+  torch::optim::SGD optimizer(model->parameters(), torch::optim::SGDOptions(1e-3));
+  const Batch batch = make_batch(s.config, ddp::get_rank());
+  at::Tensor gradients = torch::ones({parameter_count(s.config)});
+  std::vector<double> compute_ms;
+  std::vector<std::vector<double>> allreduce_ms(trainers.size());
+  const auto time = [](auto&& body) {
+    const auto start = std::chrono::steady_clock::now();
+    body();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  };
+  for (int round = 0; round < s.rounds; ++round) {
+    ddp::barrier(world);
+    for (int i = 0; i < s.steps; ++i) {
+      compute_ms.push_back(time([&] {
+        optimizer.zero_grad();
+        torch::nn::functional::cross_entropy(model->forward(batch.x), batch.y).backward();
+        optimizer.step();
+      }));
+    }
+    for (std::size_t g = 0; g < trainers.size(); ++g) {
+      ddp::barrier(world);
+      for (int i = 0; i < s.steps; ++i) {
+        allreduce_ms[g].push_back(time([&] { ddp::all_reduce(gradients, c10d::ReduceOp::SUM, trainers[g].group); }));
+      }
+    }
+  }
+  if (ddp::get_rank() != 0) return;
+  std::printf("phases: computation alone (every rank at once)  median %.1f ms (p10 %.1f, p90 %.1f)\n",
+              median(compute_ms), quantile(compute_ms, 0.1), quantile(compute_ms, 0.9));
+  for (std::size_t g = 0; g < trainers.size(); ++g) {
+    std::printf("phases: allreduce of %lld floats, %-13s median %.1f ms (p10 %.1f, p90 %.1f)\n",
+                static_cast<long long>(gradients.numel()), trainers[g].label.c_str(), median(allreduce_ms[g]),
+                quantile(allreduce_ms[g], 0.1), quantile(allreduce_ms[g], 0.9));
+  }
+  std::fflush(stdout);
+}
+
 int run(const Settings& s) {
   ddp::InitOptions init{"gloo", "env://"};
   init.timeout = std::chrono::seconds(s.timeout_s);
@@ -125,6 +174,7 @@ int run(const Settings& s) {
     std::printf("hierarchical/flat = %.3f\n", median(trainers[1].step_ms) / median(trainers[0].step_ms));
     std::fflush(stdout);
   }
+  if (s.phases) time_phases(s, world, trainers);
   ddp::barrier(world);  // nobody tears down the store while a peer still needs it
   trainers.clear();
   ddp::destroy_process_group();

@@ -4,8 +4,9 @@
 #   1. TORCHDDP_HIERARCHICAL=0 on one rank, or InitOptions().hierarchical(false) on all: the world
 #      of 2 hosts x 2 ranks is Gloo alone ("gloo"), silently, and DDP's gradients still equal one
 #      process's
-#   2. a rank killed in the middle of 33.6 MB allreduces - rank 3 (host 2), then rank 1 (host 1) -
-#      ends every other rank within 20 s with an error naming it
+#   2. a rank killed in the middle of 33.6 MB allreduces (rank 3, host 2), or of DDP training with its
+#      buckets in shared memory (rank 1, host 1), ends every other rank within 20 s with an error
+#      naming it
 #   3. uneven hosts, 2 + 1 ranks: the world is Gloo alone ("gloo") with one notice line in the
 #      whole job, and all_reduce and DDP's gradients are right
 # Usage: hierarchical_test.sh HOST_RANK. Exit 0: pass; 1: fail (the reason and the output);
@@ -30,15 +31,17 @@ for how in "JOB_ENV_3=TORCHDDP_HIERARCHICAL=0" "JOB_ENV=HOST_RANK_NO_HIERARCHICA
     log=$(rank_log "$rank")
     grep -q "^rank=$rank .*world_transport=gloo$" <<<"$log" || fail "$how: rank $rank's world does not report transport gloo"
     grep -q "^rank=$rank ddp_grads=match$" <<<"$log" || fail "$how: rank $rank's DDP gradients differ"
+    grep -q "^rank=$rank ddp_buckets=private$" <<<"$log" || fail "$how: rank $rank's DDP gradients lie in shared memory"
   done
   ! grep -q "$notice" <<<"$out" || fail "$how printed the uneven-hosts notice"
   echo "$how: 2 hosts x 2 ranks on gloo, no notice, DDP gradients match one process's"
 done
 
-# 2. A killed rank, on host 2 and on host 1.
+# 2. A killed rank, on host 2 (all_reduce) and on host 1 (DDP training).
 for victim in 3 1; do
   port=$((port + 4))
-  start_job "2 2" "$port" "$program" forever
+  what=$([[ $victim == 3 ]] && echo "" || echo ddp)
+  start_job "2 2" "$port" "$program" forever ${what:+"$what"}
   for _ in $(seq 300); do  # bounded: 60 s for every rank to be in its loop
     [[ $(cat "$SIM_HOSTS_DIR"/logs/rank_*.txt | grep -c " ready ") == 4 ]] && break
     sleep 0.2
@@ -60,7 +63,7 @@ for victim in 3 1; do
       fail "rank $rank's error does not name killed rank $victim"
     echo "  rank $rank: $(grep "^rank=$rank error=" <<<"$(rank_log "$rank")" | cut -c1-300)"
   done
-  echo "rank $victim (host ${JOB_HOST[$victim]}) killed: the other 3 ranks ended within ${elapsed} s naming it"
+  echo "rank $victim (host ${JOB_HOST[$victim]}) killed in ${what:-all_reduce} loop: the other 3 ranks ended within ${elapsed} s naming it"
 done
 
 # 3. Uneven hosts: 2 + 1 ranks.

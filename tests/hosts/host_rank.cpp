@@ -14,17 +14,25 @@
 //                                       on every rank)
 //     ddp_grads=match|differ            DDP's averaged gradients on the world against one process
 //                                       on the whole batch (computed here, without DDP)
+//     ddp_buckets=shared|private        where the world's DDP gradients lie after backward: in a
+//                                       mapping of /dev/shm (its buckets in shared memory, the
+//                                       slots adopted as gradients) or not (/proc/self/maps)
 //     ddp_grads_flat=match|differ       ... and against DDP's on the Gloo-alone group
-//   host_rank forever    all-reduces 8.4M floats over the world until a collective fails (after
-//                        writing "rank=R ready" once), then prints "rank=R error=<message>"
+//   host_rank forever [ddp]  all-reduces 8.4M floats over the world (ddp: trains DDP, 1.3M
+//                        parameters) until a collective fails (after writing "rank=R ready" once),
+//                        then prints "rank=R error=<message>"
 // Exit 0 when every step ran (the test judges the values), 1 with the error otherwise.
 #include <unistd.h>
 
 #include <chrono>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
-#include <vector>
+#include <fstream>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -84,11 +92,13 @@ std::string same_sum_as(const ddp::ProcessGroupPtr& world, const ddp::ProcessGro
   return lowest.item<int64_t>() == highest.item<int64_t>() ? "yes" : "differs between ranks";
 }
 
-// A two-layer MLP (two DDP buckets: the first one is capped at 1 MiB) on a fixed batch of 4 rows
-// per rank.
+// A two-layer MLP on a fixed batch of 4 rows per rank. Two DDP buckets: the first one is capped at
+// 1 MiB; the other holds the 4.7 MiB weight, whose halves (one per local rank) cross the hosts in
+// three pieces each (1 MiB pieces, two in flight: Communicator::allreduce_shared).
+constexpr int64_t kInputs = 300, kHidden = 4096;
 torch::nn::Sequential make_model() {
   torch::manual_seed(0);
-  return torch::nn::Sequential(torch::nn::Linear(256, 1024), torch::nn::ReLU(), torch::nn::Linear(1024, 8));
+  return torch::nn::Sequential(torch::nn::Linear(kInputs, kHidden), torch::nn::ReLU(), torch::nn::Linear(kHidden, 8));
 }
 
 struct Batch {
@@ -96,12 +106,27 @@ struct Batch {
 };
 Batch make_batch(int64_t rows) {
   torch::manual_seed(1);
-  auto inputs = torch::randn({rows, 256});
+  auto inputs = torch::randn({rows, kInputs});
   return {inputs, torch::randn({rows, 8})};
 }
 
-// DDP's averaged gradients after one backward over this rank's quarter of the batch.
-std::vector<torch::Tensor> ddp_gradients(const ddp::ProcessGroupPtr& group) {
+// "shared" when `tensor`'s memory is a mapping of a file in /dev/shm (torchddp's segments are
+// unlinked once mapped: "(deleted)"), "private" otherwise: what the kernel says, in /proc/self/maps.
+std::string memory_of(const torch::Tensor& tensor) {
+  const auto address = reinterpret_cast<std::uintptr_t>(tensor.data_ptr());
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    std::uintptr_t from = 0, to = 0;
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR, &from, &to) != 2 || address < from || address >= to) continue;
+    return line.find("/dev/shm/torchddp-") != std::string::npos ? "shared" : "private";
+  }
+  return "private";
+}
+
+// DDP's averaged gradients after one backward over this rank's quarter of the batch; `memory`, if
+// given, is where the largest one lies (memory_of).
+std::vector<torch::Tensor> ddp_gradients(const ddp::ProcessGroupPtr& group, std::string* memory = nullptr) {
   const int rank = ddp::get_rank(group), size = ddp::get_world_size(group);
   const Batch batch = make_batch(4 * size);
   auto model = make_model();
@@ -110,6 +135,7 @@ std::vector<torch::Tensor> ddp_gradients(const ddp::ProcessGroupPtr& group) {
   torch::mse_loss(ddp_model.forward(batch.inputs.index({mine})), batch.targets.index({mine})).backward();
   std::vector<torch::Tensor> grads;
   for (const auto& parameter : model->parameters()) grads.push_back(parameter.grad().clone());
+  if (memory != nullptr) *memory = memory_of(model->parameters()[0].grad());
   return grads;
 }
 
@@ -159,23 +185,35 @@ int check() {
   std::cout << "rank=" << rank << " flat_transport=" << ddp::transport(flat)
             << " flat_match=" << same_sum_as(world, flat) << std::endl;
 
-  const auto grads = ddp_gradients(world);
+  std::string memory;
+  const auto grads = ddp_gradients(world, &memory);
   std::cout << "rank=" << rank << " ddp_grads=" << (close(grads, reference_gradients(ddp::get_world_size())) ? "match" : "differ")
             << std::endl;
+  std::cout << "rank=" << rank << " ddp_buckets=" << memory << std::endl;
   std::cout << "rank=" << rank << " ddp_grads_flat=" << (close(grads, ddp_gradients(flat)) ? "match" : "differ") << std::endl;
   ddp::barrier();  // nobody tears down the store while a peer still needs it
   ddp::destroy_process_group();
   return 0;
 }
 
-int forever() {
+int forever(bool train) {
   auto world = init_world();
   const int rank = ddp::get_rank();
   auto tensor = torch::ones({8400000});
-  ddp::all_reduce(tensor);
+  auto model = make_model();
+  ddp::DistributedDataParallel ddp_model(model.ptr(), world);
+  const Batch batch = make_batch(4);
+  const auto step = [&] {
+    if (train) {
+      torch::mse_loss(ddp_model.forward(batch.inputs), batch.targets).backward();
+    } else {
+      ddp::all_reduce(tensor);
+    }
+  };
+  step();
   std::cout << "rank=" << rank << " ready transport=" << ddp::transport(world) << std::endl;
   try {
-    for (;;) ddp::all_reduce(tensor);
+    for (;;) step();
   } catch (const ddp::CollectiveError& error) {
     std::string message = error.what();
     for (char& c : message) c = c == '\n' ? ' ' : c;
@@ -189,7 +227,7 @@ int forever() {
 
 int main(int argc, char** argv) {
   try {
-    if (argc > 1 && std::string(argv[1]) == "forever") return forever();
+    if (argc > 1 && std::string(argv[1]) == "forever") return forever(argc > 2 && std::string(argv[2]) == "ddp");
     return check();
   } catch (const std::exception& error) {
     std::cerr << "host_rank: error: " << error.what() << std::endl;

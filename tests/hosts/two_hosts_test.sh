@@ -8,7 +8,8 @@
 #      equal one process's on the whole batch, and each host's shaped link carried traffic
 #   3. what the library chooses: the world (2 ranks on each of two hosts) reports "gloo+shm
 #      hierarchical (2 hosts x 2)" - its allreduce goes through shared memory inside each host and
-#      Gloo across them, and equals a Gloo-alone group's (all_reduce, DDP) within fp32 rounding -
+#      Gloo across them, and equals a Gloo-alone group's (all_reduce, DDP) within fp32 rounding; its
+#      DDP buckets (so the gradients after backward) lie in memory each host's ranks share -
 #      while a group of one host's ranks reports "gloo+shm"
 # Usage: two_hosts_test.sh HOST_RANK. Exit 0: pass; 1: fail (the reason and the output);
 # 77: skipped (no root or no namespaces here).
@@ -57,6 +58,8 @@ for rank in 0 1 2 3; do
   grep -q "^rank=$rank world_avg=2.5$" <<<"$log" || fail "rank $rank's world AVG (float64) is not (1+2+3+4)/4 = 2.5"
   grep -q "^rank=$rank .*host_sum=3$" <<<"$log" || fail "rank $rank's host-group all_reduce is not 1+2 = 3"
   grep -q "^rank=$rank ddp_grads=match$" <<<"$log" || fail "rank $rank's DDP gradients differ from one process's"
+  grep -q "^rank=$rank ddp_buckets=shared$" <<<"$log" ||
+    fail "rank $rank's DDP gradients do not lie in shared memory (its buckets are not shared within its host)"
   grep -q "^rank=$rank flat_transport=gloo flat_match=yes$" <<<"$log" ||
     fail "rank $rank's world all_reduce differs from a Gloo-alone group's beyond fp32 rounding, or between ranks"
   grep -q "^rank=$rank ddp_grads_flat=match$" <<<"$log" ||

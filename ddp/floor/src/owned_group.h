@@ -68,8 +68,8 @@ class OwnedGroup final : public compat::CollectiveBackend {
   c10::intrusive_ptr<c10d::Work> start_scaled_sum(std::vector<at::Tensor>& tensors, double scale);
   // DDP's buckets in memory every rank of the group maps (shm/channel.h), so the sum runs where
   // they are with the fewest passes over them. Collective: a zeroed tensor of each (numel,
-  // options), or none on every rank alike (no shared-memory channel, several hosts, /dev/shm too
-  // small). start_shared_sum: the scaled sum of one such tensor, in place.
+  // options), or none on every rank alike (no shared-memory channel, /dev/shm too small on a
+  // host). start_shared_sum: the scaled sum of one such tensor, in place.
   std::vector<at::Tensor> shared_zeros(const std::vector<std::pair<int64_t, at::TensorOptions>>& tensors);
   c10::intrusive_ptr<c10d::Work> start_shared_sum(at::Tensor& tensor, double scale);
 

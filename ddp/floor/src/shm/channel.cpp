@@ -330,9 +330,10 @@ std::vector<at::Tensor> Channel::shared_zeros(const std::vector<std::pair<int64_
   // Where each tensor starts in the array: at a multiple of 64 bytes (whole cache lines).
   std::vector<std::size_t> offsets;
   std::size_t bytes = 0;
-  bool served = !hierarchical_ && !tensors.empty();
+  bool served = !tensors.empty();
   for (const auto& [numel, options] : tensors) {
-    served = served && numel >= 0 && dtype_of(c10::typeMetaToScalarType(options.dtype()));
+    const std::optional<DType> dtype = dtype_of(c10::typeMetaToScalarType(options.dtype()));
+    served = served && numel >= 0 && dtype && (!hierarchical_ || Hierarchical::serves(*dtype, Op::kSum));
     offsets.push_back(bytes);
     bytes += (static_cast<std::size_t>(std::max<int64_t>(numel, 0)) * options.dtype().itemsize() + 63) / 64 * 64;
   }
@@ -342,7 +343,7 @@ std::vector<at::Tensor> Channel::shared_zeros(const std::vector<std::pair<int64_
   // On the channel's thread, in order with the collectives issued before it.
   issue(c10d::OpType::UNKNOWN, {}, [this, bytes, &array, &refused] {
     try {
-      array = communicator_->share(bytes);
+      array = hierarchical_ ? hierarchical_->share(bytes) : communicator_->share(bytes);
     } catch (const ShmUnavailable& e) {
       refused = e.what();
     }
@@ -393,7 +394,11 @@ c10::intrusive_ptr<c10d::Work> Channel::shared_sum(at::Tensor& tensor, double sc
   const DType dtype = *dtype_of(tensor.scalar_type());
   const auto count = static_cast<std::size_t>(tensor.numel());
   return issue(c10d::OpType::ALLREDUCE, {tensor}, [this, place, count, dtype, scale] {
-    communicator_->allreduce_shared(*place.first, place.second, count, dtype, Op::kSum, scale);
+    if (hierarchical_) {
+      hierarchical_->allreduce_shared(place.first, place.second, count, dtype, Op::kSum, scale);
+    } else {
+      communicator_->allreduce_shared(*place.first, place.second, count, dtype, Op::kSum, scale);
+    }
   });
 }
 

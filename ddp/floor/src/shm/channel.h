@@ -80,11 +80,12 @@ class Channel {
                                            std::vector<at::Tensor>& inputs);
   c10::intrusive_ptr<c10d::Work> barrier();
 
-  // DDP's buckets in memory every rank of the group maps (communicator.h, SharedArray), reduced
-  // where they are. Collective, in order with the other collectives: one zeroed CPU tensor of
-  // each (numel, options) asked for, all in one shared array - or none, on every rank alike, when
-  // the channel cannot share memory (across hosts; a dtype it does not reduce; ranks asking for
-  // different sizes; /dev/shm too small: said once on stderr).
+  // DDP's buckets in memory every rank of the group maps (communicator.h, SharedArray) - across
+  // hosts, every rank of its host (hierarchical.h) - reduced where they are. Collective, in order
+  // with the other collectives: one zeroed CPU tensor of each (numel, options) asked for, all in
+  // one shared array - or none, on every rank alike, when the channel cannot share memory (a dtype
+  // it does not reduce; ranks asking for different sizes; /dev/shm too small on any host: said
+  // once on stderr).
   std::vector<at::Tensor> shared_zeros(const std::vector<std::pair<int64_t, at::TensorOptions>>& tensors);
   // allreduce SUM of a tensor shared_zeros made, where it lies, times `scale` in the same pass.
   c10::intrusive_ptr<c10d::Work> shared_sum(at::Tensor& tensor, double scale);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <new>
 #include <sstream>
@@ -757,7 +758,7 @@ std::shared_ptr<SharedArray> Communicator::share(std::size_t bytes) {
 }
 
 void Communicator::allreduce_shared(const SharedArray& array, std::size_t offset, std::size_t count, DType dtype, Op op,
-                                    double scale) {
+                                    double scale, Relay* relay) {
   check_reduction("allreduce_shared", dtype, op, scale);
   const std::size_t element = dtype_size(dtype);
   if (offset % element != 0 || offset + count * element > array.bytes() || array.rank_ != rank_ ||
@@ -768,30 +769,57 @@ void Communicator::allreduce_shared(const SharedArray& array, std::size_t offset
   }
   if (error_) throw *error_;
   const auto at = [&](int rank) { return static_cast<unsigned char*>(array.of(rank)) + offset; };
-  if (size_ == 1) {  // the reduction of one array is itself, scaled
+  if (size_ == 1 && relay == nullptr) {  // the reduction of one array is itself, scaled
     allreduce({{at(0), count}}, dtype, op, scale);
     return;
   }
   Descriptor descriptor = Descriptor::reduction(Kind::kAllreduceShared, count, dtype, op, scale);
   descriptor.root = static_cast<std::int32_t>(array.id_);
   descriptor.offset = offset;
+  // My slice's elements [first, first + n): reduced from all W parts, in rank order, into my own
+  // part; copied from my part into every peer's.
+  const auto reduce = [&](std::size_t first, std::size_t n) {
+    for (int q = 0; q < size_; ++q) sources_[q] = at(q) + first * element;
+    reduce_into(at(rank_) + first * element, sources_.data(), size_, n, dtype, op, scale);
+  };
+  const auto copy_to_peers = [&](std::size_t first, std::size_t n) {
+    for (int q = 0; q < size_; ++q) {
+      if (q != rank_) copy_bytes(at(q) + first * element, at(rank_) + first * element, n * element);
+    }
+  };
   run(descriptor, [&] {
     // 1. My part holds my data (the caller wrote it): post, so the peers may read it.
     post();
-    // 2. Once every part is in: reduce my slice from all W parts, in rank order, block by block
-    //    into my own part, and copy each block into every peer's part while it is still in cache.
-    //    Only this rank reads or writes this slice of any part, so nobody waits for anyone here.
+    // 2. Once every part is in: reduce my slice and copy it into every peer's part. Only this rank
+    //    reads or writes this slice of any part, so nobody waits for anyone here.
     wait_all(posted_, {"the peers' data"});
     const auto [begin, end] = slice(rank_, count, element);
     const std::size_t block = std::max<std::size_t>(1, (std::size_t{16} << 10) / element);  // a few KiB: stays in L1
-    for (std::size_t first = begin; first < end; first += block) {
-      const std::size_t n = std::min(block, end - first);
-      for (int q = 0; q < size_; ++q) sources_[q] = at(q) + first * element;
-      unsigned char* reduced = at(rank_) + first * element;
-      reduce_into(reduced, sources_.data(), size_, n, dtype, op, scale);
-      for (int q = 0; q < size_; ++q) {
-        if (q != rank_) copy_bytes(at(q) + first * element, reduced, n * element);
+    if (relay == nullptr) {
+      // Block by block, each copied while it is still in cache.
+      for (std::size_t first = begin; first < end; first += block) {
+        const std::size_t n = std::min(block, end - first);
+        reduce(first, n);
+        copy_to_peers(first, n);
       }
+    } else {
+      // Piece by piece: reduced, sent across the hosts, and copied once it is back, while the
+      // next pieces are reduced and cross.
+      std::deque<std::pair<std::size_t, std::size_t>> crossing;  // pieces started, oldest first
+      const auto land_oldest = [&] {
+        relay->finish();
+        copy_to_peers(crossing.front().first, crossing.front().second);
+        crossing.pop_front();
+      };
+      const std::size_t piece = std::max<std::size_t>(1, kRelayPieceBytes / element);
+      for (std::size_t first = begin; first < end; first += piece) {
+        const std::size_t n = std::min(piece, end - first);
+        for (std::size_t b = first; b < first + n; b += block) reduce(b, std::min(block, first + n - b));
+        if (crossing.size() == static_cast<std::size_t>(kRelayPiecesInFlight)) land_oldest();
+        relay->start(at(rank_) + first * element, n);
+        crossing.emplace_back(first, n);
+      }
+      while (!crossing.empty()) land_oldest();
     }
     // 3. Post that my slice is everywhere; once every peer has, my part holds the whole result.
     post();

@@ -101,6 +101,19 @@ struct Span {
   std::size_t count;
 };
 
+// A hierarchical allreduce's step across hosts (hierarchical.h), which allreduce_shared runs on this
+// rank's slice between reducing it inside the host and copying it into the peers' parts, a piece
+// at a time, so that a piece crosses the hosts while the next one is reduced.
+class Relay {
+ public:
+  virtual ~Relay() = default;
+  // Starts reducing `count` elements at `data` (a piece of this rank's slice, in its part of a
+  // shared array) with the other hosts, in place.
+  virtual void start(void* data, std::size_t count) = 0;
+  // Returns once the oldest piece started is reduced; throws PeerError when that failed.
+  virtual void finish() = 0;
+};
+
 struct Options {
   // Longest wait for any one step of a peer (a frozen peer fails the collective after this long).
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
@@ -168,8 +181,14 @@ class Communicator {
   // rank order, times `scale`, bit-identical on every rank. Every rank passes the same array,
   // offset and count (the desync check names a rank that does not). The caller writes its part
   // before the call and leaves all of it alone until the call returns.
+  // With a `relay` (hierarchical.h; every rank of the host passes one, or none): between reducing
+  // its slice and copying it to the peers, each rank has the relay reduce it across the hosts, in
+  // pieces of kRelayPieceBytes, at most kRelayPiecesInFlight at a time. Then the result is the
+  // host's reduction (op, times scale) reduced across the hosts as the relay does it.
   void allreduce_shared(const SharedArray& array, std::size_t offset, std::size_t count, DType dtype, Op op,
-                        double scale = 1.0);
+                        double scale = 1.0, Relay* relay = nullptr);
+  static constexpr std::size_t kRelayPieceBytes = std::size_t{1} << 20;
+  static constexpr int kRelayPiecesInFlight = 2;
 
   // The halves of an allreduce, for a hierarchical one (issue 29): reduce inside the host, each
   // local rank allreduces its part across the hosts, then the parts are shared inside the host.

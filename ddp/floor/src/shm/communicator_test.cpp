@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -736,6 +737,87 @@ void run_allreduce_shared_numerics(int world) {
 
 TEST(ShmCommunicator, AllreduceSharedMatchesTheReferenceAtTwoRanks) { run_allreduce_shared_numerics(2); }
 TEST(ShmCommunicator, AllreduceSharedMatchesTheReferenceAtThreeRanks) { run_allreduce_shared_numerics(3); }
+
+// The step across the hosts of a hierarchical allreduce (issue 29), faked: "another host" that
+// holds the same data as this one, so a SUM across the two hosts doubles each piece. It checks what
+// allreduce_shared hands it: pieces of this rank's slice, in order, covering it, none larger than
+// kRelayPieceBytes, at most kRelayPiecesInFlight at a time. With `fail_at` it throws, as a failed
+// Gloo allreduce would, when it finishes that piece (counting from 1).
+class TwinHost final : public shm::Relay {
+ public:
+  TwinHost(float* slice_begin, float* slice_end, int fail_at) : next_(slice_begin), end_(slice_end), fail_at_(fail_at) {}
+  void start(void* data, std::size_t count) override {
+    auto* first = static_cast<float*>(data);
+    if (first != next_) problems_ += "a piece does not start where the one before ended; ";
+    if (count == 0 || count * sizeof(float) > shm::Communicator::kRelayPieceBytes) problems_ += "a piece of " + std::to_string(count) + " floats; ";
+    next_ = first + count;
+    crossing_.emplace_back(first, count);
+    if (crossing_.size() > static_cast<std::size_t>(shm::Communicator::kRelayPiecesInFlight)) problems_ += "too many pieces in flight; ";
+  }
+  void finish() override {
+    if (crossing_.empty()) throw std::logic_error("finish() with no piece in flight");
+    const auto [first, count] = crossing_.front();
+    crossing_.pop_front();
+    if (++finished_ == fail_at_) throw shm::PeerError(1, "rank 1: the step across hosts failed");
+    for (std::size_t i = 0; i < count; ++i) first[i] *= 2;
+  }
+  // "" when the pieces covered the slice and none is left in flight.
+  std::string problems() const {
+    return problems_ + (next_ != end_ ? "the pieces do not cover the slice; " : "") +
+           (crossing_.empty() ? "" : "pieces left in flight; ");
+  }
+  int pieces() const { return finished_; }
+
+ private:
+  float* next_;
+  float* end_;
+  int fail_at_;
+  int finished_ = 0;
+  std::deque<std::pair<float*, std::size_t>> crossing_;
+  std::string problems_;
+};
+
+// allreduce_shared with a relay: each rank's slice, reduced inside the "host", crosses in pieces
+// (several per slice, the last one short) and lands in every rank's part: the result is the
+// reference (float32 SUM scaled by 1/2, doubled across the twin hosts), the same bits on every
+// rank. Then rank 1's relay fails on its second piece: rank 1 throws that error and its peers,
+// waiting for it, fail at once with it.
+TEST(ShmCommunicator, AllreduceSharedWithARelayHandsItEachSliceInPieces) {
+  constexpr int kWorld = 3;
+  const Format& float32 = kFormats[0];
+  // Every slice 2.5 pieces and some, and slices that are not equal.
+  const std::size_t count = kWorld * (shm::Communicator::kRelayPieceBytes / sizeof(float)) * 5 / 2 + 11;
+  Scratch scratch;
+  const auto outcomes = run_ranks(kWorld, scratch, [&](int rank) -> std::string {
+    FileRendezvous rendezvous(scratch.folder);
+    shm::Communicator comm(rendezvous, scratch.prefix, rank, kWorld, test_options());
+    const auto array = comm.share(count * sizeof(float));
+    auto* mine = static_cast<float*>(array->mine());
+    const auto [begin, end] = comm.part(rank, count, shm::DType::kFloat32);
+    for (std::size_t i = 0; i < count; ++i) make_element(float32, shm::Op::kSum, 5, rank, i, mine);
+    TwinHost twin(mine + begin, mine + end, -1);
+    comm.allreduce_shared(*array, 0, count, shm::DType::kFloat32, shm::Op::kSum, 0.5, &twin);
+    std::string report = twin.problems();
+    if (twin.pieces() < 3) report += "only " + std::to_string(twin.pieces()) + " pieces; ";
+    report += compare_with_reference(float32, shm::Op::kSum, 5, kWorld, 1.0, mine, 0, count);
+    report += "\nHASH " + std::to_string(fnv1a(mine, count * sizeof(float))) + "\n";
+
+    TwinHost failing(mine + begin, mine + end, rank == 1 ? 2 : -1);
+    try {
+      comm.allreduce_shared(*array, 0, count, shm::DType::kFloat32, shm::Op::kSum, 0.5, &failing);
+      report += "the failing relay's allreduce_shared did not throw";
+    } catch (const shm::PeerError& e) {
+      if (std::string(e.what()) != "rank 1: the step across hosts failed") report += std::string("wrong error: ") + e.what();
+    }
+    return report;
+  });
+  for (int rank = 0; rank < kWorld; ++rank) {
+    ASSERT_TRUE(outcomes[rank].finished) << "rank " << rank << ": " << outcomes[rank].exit << "\n" << outcomes[rank].report;
+    EXPECT_EQ(outcomes[rank].report.find("\nHASH "), 0u) << "rank " << rank << ": " << outcomes[rank].report;
+    EXPECT_EQ(lines_with(outcomes[rank].report, "HASH "), lines_with(outcomes[0].report, "HASH ")) << "rank " << rank;
+  }
+  EXPECT_TRUE(leftovers(scratch.prefix).empty());
+}
 
 // A shared array leaves nothing in /dev/shm, outlives its communicator, and a rank that passes
 // another offset than its peers is a desync every rank names; a share() that cannot be served

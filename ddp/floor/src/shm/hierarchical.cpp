@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -32,7 +33,49 @@ c10d::ReduceOp across_op(Op op) {
   return c10d::ReduceOp::SUM;
 }
 
+// The reduction inside the host, before the step across the hosts: AVG divides by the whole
+// group's size there and is summed across the hosts (they run the same number of ranks).
+std::pair<Op, double> host_reduction(Op op, double scale, int group_size) {
+  if (op == Op::kAvg) return {Op::kSum, 1.0 / group_size};
+  return {op, scale};
+}
+
+c10::ScalarType scalar_type_of(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat64: return c10::kDouble;
+    case DType::kInt32: return c10::kInt;
+    case DType::kInt64: return c10::kLong;
+    default: break;  // serves() admits no other
+  }
+  return c10::kFloat;
+}
+
 }  // namespace
+
+// Communicator::allreduce_shared's step across the hosts: each piece of my slice a Gloo allreduce
+// with the ranks of my local rank, over the shared memory where it lies (the tensor keeps the
+// array mapped while Gloo may still use it, even after a failure).
+class Hierarchical::Across final : public Relay {
+ public:
+  Across(Hierarchical& owner, std::shared_ptr<SharedArray> array, DType dtype, Op op)
+      : owner_(owner), array_(std::move(array)), type_(scalar_type_of(dtype)), op_(op) {}
+  void start(void* data, std::size_t count) override {
+    at::Tensor piece = at::from_blob(data, {static_cast<int64_t>(count)}, [array = array_](void*) {}, at::TensorOptions(type_));
+    works_.push_back(owner_.start_part(piece, op_));
+  }
+  void finish() override {
+    c10::intrusive_ptr<c10d::Work> work = std::move(works_.front());
+    works_.pop_front();
+    owner_.finish_part(work);
+  }
+
+ private:
+  Hierarchical& owner_;
+  std::shared_ptr<SharedArray> array_;
+  c10::ScalarType type_;
+  Op op_;
+  std::deque<c10::intrusive_ptr<c10d::Work>> works_;
+};
 
 Hierarchical::Hierarchical(HostLayout layout, int rank, std::unique_ptr<Communicator> local,
                            const c10::intrusive_ptr<c10d::Store>& store,
@@ -76,10 +119,7 @@ void Hierarchical::run(const std::vector<at::Tensor>& tensors, DType dtype, Op o
   auto* base = static_cast<char*>(array.data_ptr());
   const auto element = static_cast<std::size_t>(array.element_size());
 
-  // AVG divides by the whole group's size inside the host, and sums across the hosts (the hosts
-  // run the same number of ranks).
-  const Op local_op = op == Op::kAvg ? Op::kSum : op;
-  const double local_scale = op == Op::kAvg ? 1.0 / layout_.size() : scale;
+  const auto [local_op, local_scale] = host_reduction(op, scale, layout_.size());
 
   // The array goes through the three steps in chunks, as a pipeline: while chunk k crosses the
   // hosts (Gloo, in the background), this rank reduces chunk k+1 inside the host, then gathers
@@ -118,6 +158,45 @@ void Hierarchical::run(const std::vector<at::Tensor>& tensors, DType dtype, Op o
       piece.copy_(array.narrow(0, offset, piece.numel()));
       offset += piece.numel();
     }
+  }
+}
+
+std::shared_ptr<SharedArray> Hierarchical::share(std::size_t bytes) {
+  std::shared_ptr<SharedArray> array;
+  std::string refused;
+  at::Tensor least;
+  try {
+    try {
+      array = local_->share(bytes);  // my host's ranks agree on it
+    } catch (const ShmUnavailable& error) {
+      refused = error.what();
+    }
+    // The hosts agree through each local rank's group across them: the least of (shared, bytes,
+    // -bytes) over the hosts says whether every host shares, and whether all asked for one size.
+    least = at::tensor(std::vector<int64_t>{array ? 1 : 0, static_cast<int64_t>(bytes), -static_cast<int64_t>(bytes)});
+    finish_part(start_part(least, Op::kMin));
+  } catch (const PeerError& error) {
+    tell_other_hosts(error.what());
+    throw;
+  }
+  const int64_t shared = least[0].item<int64_t>(), smallest = least[1].item<int64_t>(), largest = -least[2].item<int64_t>();
+  if (shared == 0) throw ShmUnavailable(refused.empty() ? "a rank on another host could not share memory" : refused);
+  if (smallest != largest) {
+    throw ShmUnavailable("the hosts ask for shared arrays of different sizes (from " + std::to_string(smallest) + " to " +
+                         std::to_string(largest) + " bytes)");
+  }
+  return array;
+}
+
+void Hierarchical::allreduce_shared(const std::shared_ptr<SharedArray>& array, std::size_t offset, std::size_t count,
+                                    DType dtype, Op op, double scale) {
+  const auto [local_op, local_scale] = host_reduction(op, scale, layout_.size());
+  Across across(*this, array, dtype, op);
+  try {
+    local_->allreduce_shared(*array, offset, count, dtype, local_op, local_scale, &across);
+  } catch (const PeerError& error) {
+    tell_other_hosts(error.what());
+    throw;
   }
 }
 
