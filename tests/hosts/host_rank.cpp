@@ -9,7 +9,7 @@
 //     host_transport=T host_sum=S       the same over the group of this host's ranks
 //     flat_transport=T flat_match=yes|no|differs between ranks
 //                                       a group of the same ranks on Gloo alone; whether its
-//                                       all_reduce of 1M+13 random floats equals the world's
+//                                       all_reduce of 2M+13 random floats equals the world's
 //                                       within fp32 rounding (and the world's has the same bits
 //                                       on every rank)
 //     ddp_grads=match|differ            DDP's averaged gradients on the world against one process
@@ -72,12 +72,13 @@ double average_of_ranks_plus_one(const ddp::ProcessGroupPtr& group) {
   return value[4].item<double>();
 }
 
-// The same random floats (seeded by the rank) all-reduced over `world` and over `flat`: 1M + 13 of
-// them, several shared-memory chunks and parts that do not divide evenly. "yes" when the results
+// The same random floats (seeded by the rank) all-reduced over `world` and over `flat`: 2M + 13 of
+// them: three windows of the hierarchical scratch array, the last of 13 (an empty slice on one
+// local rank), and slices that do not divide evenly. "yes" when the results
 // agree within fp32 rounding and the world's is bit for bit the same on every rank.
 std::string same_sum_as(const ddp::ProcessGroupPtr& world, const ddp::ProcessGroupPtr& flat) {
   torch::manual_seed(100 + ddp::get_rank(world));
-  auto mine = torch::randn({(1 << 20) + 13});
+  auto mine = torch::randn({(1 << 21) + 13});
   auto over_world = mine.clone(), over_flat = mine.clone();
   ddp::all_reduce(over_world, c10d::ReduceOp::SUM, world);
   ddp::all_reduce(over_flat, c10d::ReduceOp::SUM, flat);

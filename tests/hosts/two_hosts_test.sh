@@ -71,7 +71,7 @@ for rank in 0 1 2 3; do
     fail "rank $rank's host group does not report transport gloo+shm"
 done
 echo "one world of 4 ranks on simhost1 and simhost2: world all_reduce 10 (MAX 3, AVG 2.5), DDP gradients match one" \
-  "process's and DDP's on Gloo alone; 1M+13 floats all-reduced equal Gloo alone's within fp32 rounding," \
+  "process's and DDP's on Gloo alone; 2M+13 floats all-reduced equal Gloo alone's within fp32 rounding," \
   "with the same bits on every rank"
 # The world's traffic crossed the shaped links (not some loopback): each host's tbf sent bytes.
 for host in 1 2; do

@@ -204,6 +204,7 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& st
 
   // 3. Set up, then agree: a rank may fail after a peer succeeded, and all must use one transport.
   std::unique_ptr<Communicator> communicator;
+  std::shared_ptr<SharedArray> scratch;  // several hosts: the hierarchical allreduce's window
   std::string failure;
   try {
     Options options;
@@ -212,6 +213,7 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& st
       options.rank_names = layout.ranks_on_host(host);  // errors name the group's ranks
       communicator = std::make_unique<Communicator>(keys, prefix, layout.local_rank_of(rank),
                                                     static_cast<int>(options.rank_names.size()), options);
+      scratch = communicator->share(Hierarchical::kScratchBytes);
     } else {
       communicator = std::make_unique<Communicator>(keys, prefix, rank, size, options);
     }
@@ -231,7 +233,8 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& st
   if (layout.hosts() == 1) return std::unique_ptr<Channel>(new Channel(std::move(communicator), nullptr));
 
   // 4. Several hosts: this rank's Gloo group across them, with the ranks of its local rank.
-  auto steps = std::make_unique<Hierarchical>(layout, rank, std::move(communicator), store, device, timeout);
+  auto steps = std::make_unique<Hierarchical>(layout, rank, std::move(communicator), std::move(scratch), store, device,
+                                              timeout);
   return std::unique_ptr<Channel>(new Channel(nullptr, std::move(steps)));
 }
 

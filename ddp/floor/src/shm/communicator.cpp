@@ -25,14 +25,14 @@ using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 constexpr std::uint64_t kMagic = 0x746f726368646470ull;  // "torchddp"
-constexpr std::uint32_t kVersion = 2;  // 2: descriptors carry an offset (allreduce_shared)
+constexpr std::uint32_t kVersion = 3;  // 2: descriptors carry an offset (allreduce_shared); 3: no reduce_scatter
 constexpr std::size_t kControlBytes = 4096;  // the control block's page; the data buffers follow
 constexpr std::size_t kMessageBytes = 1024;
 constexpr auto kSleepSlice = 50ms;      // longest futex sleep: then look at the deadline and the peers
 constexpr auto kPidCheckEvery = 100ms;  // how often a waiting rank asks whether lagging peers still live
 
 enum class Kind : std::uint32_t {
-  kAllreduce = 1, kBroadcast, kAllgather, kBarrier, kReduceScatter, kAllgatherParts, kAllreduceShared
+  kAllreduce = 1, kBroadcast, kAllgather, kBarrier, kAllreduceShared
 };
 
 // CPUs this process may run on: fewer than ranks means the rank we wait for may need our core.
@@ -87,7 +87,7 @@ struct Communicator::Descriptor {
   std::uint64_t offset = 0;    // allreduce_shared: bytes into the array
   double scale = 1.0;          // allreduce: what the sum is multiplied by
 
-  // allreduce's and reduce_scatter's.
+  // allreduce's and allreduce_shared's.
   static Descriptor reduction(Kind kind, std::uint64_t count, DType dtype, Op op, double scale) {
     Descriptor descriptor;
     descriptor.kind = kind;
@@ -451,7 +451,6 @@ std::string Communicator::describe(const Descriptor& d) const {
   const std::string number = " #" + std::to_string(d.sequence);
   switch (d.kind) {
     case Kind::kAllreduce:
-    case Kind::kReduceScatter:
     case Kind::kAllreduceShared: {
       std::string op = op_name(d.op);
       if (d.scale != 1.0) {
@@ -463,10 +462,8 @@ std::string Communicator::describe(const Descriptor& d) const {
         return "allreduce_shared" + number + " (" + std::to_string(d.count) + " x " + dtype_name(d.dtype) + ", " + op +
                ", shared array " + std::to_string(d.root) + " at byte " + std::to_string(d.offset) + ")";
       }
-      return (d.kind == Kind::kAllreduce ? "allreduce" : "reduce_scatter") + number + " (" + std::to_string(d.count) + " x " +
-             dtype_name(d.dtype) + ", " + op + ")";
+      return "allreduce" + number + " (" + std::to_string(d.count) + " x " + dtype_name(d.dtype) + ", " + op + ")";
     }
-    case Kind::kAllgatherParts: return "allgather_parts" + number + " (" + std::to_string(d.count) + " x " + dtype_name(d.dtype) + ")";
     case Kind::kBroadcast: return "broadcast" + number + " (" + std::to_string(d.count) + " bytes from rank " + std::to_string(d.root) + ")";
     case Kind::kAllgather: return "allgather" + number + " (" + std::to_string(d.count) + " bytes per rank)";
     case Kind::kBarrier: return "barrier" + number;
@@ -482,7 +479,7 @@ void Communicator::allreduce(void* data, std::size_t count, DType dtype, Op op) 
   allreduce(std::vector<Span>{{data, count}}, dtype, op);
 }
 
-// The reductions allreduce and reduce_scatter accept; throws std::invalid_argument for others.
+// The reductions allreduce and allreduce_shared accept; throws std::invalid_argument for others.
 void Communicator::check_reduction(const char* collective, DType dtype, Op op, double scale) {
   if (!supported(dtype, op)) {
     throw std::invalid_argument(std::string("shm::Communicator::") + collective + ": " + op_name(op) + " of " +
@@ -827,89 +824,10 @@ void Communicator::allreduce_shared(const SharedArray& array, std::size_t offset
   });
 }
 
-// --- The halves of a hierarchical allreduce ------------------------------------------------------
-// Both walk the array chunk by chunk, as allreduce does, but a rank needs only its own part of the
-// result (reduce_scatter) or gives only its own part (allgather_parts): two posts per chunk.
+// --- A rank's part of an array (hierarchical.h: the slice each local rank sends across) --------
 
 std::pair<std::size_t, std::size_t> Communicator::part(int rank, std::size_t count, DType dtype) const {
   return slice(rank, count, dtype_size(dtype));
-}
-
-namespace {
-// Where the chunk [first, first + n) and a part [part.first, part.second) meet: [from, to), empty
-// when from >= to.
-std::pair<std::size_t, std::size_t> overlap(std::pair<std::size_t, std::size_t> part, std::size_t first, std::size_t n) {
-  return {std::max(part.first, first), std::min(part.second, first + n)};
-}
-}  // namespace
-
-void Communicator::reduce_scatter(void* data, std::size_t count, DType dtype, Op op, double scale) {
-  check_reduction("reduce_scatter", dtype, op, scale);
-  if (error_) throw *error_;
-  if (size_ == 1) {  // my part is the whole array: allreduce's, without communicating
-    allreduce({{data, count}}, dtype, op, scale);
-    return;
-  }
-  run(Descriptor::reduction(Kind::kReduceScatter, count, dtype, op, scale), [&] {
-    const std::size_t element = dtype_size(dtype);
-    auto* array = static_cast<unsigned char*>(data);
-    const auto mine = part(rank_, count, dtype);
-    const std::size_t chunk_elements = options_.chunk_bytes / element;
-    const std::size_t chunks = std::max<std::size_t>(1, (count + chunk_elements - 1) / chunk_elements);
-    for (std::size_t k = 0; k < chunks; ++k) {
-      const std::size_t first = k * chunk_elements, n = std::min(chunk_elements, count - first);
-      // 1. Copy my chunk into a free buffer of mine (the other one may still be read by peers on the
-      //    previous chunk); post: the peers may read it.
-      const int b = acquire_buffer({"the peers to finish reading this buffer", k, chunks}, true);
-      if (n > 0) copy_bytes(buffer(rank_, b), array + first * element, n * element);
-      post();
-      // 2. Once every peer's chunk is in: reduce the piece of my part in this chunk from all W
-      //    buffers, in rank order, into my array; post that I am done reading the peers' buffers.
-      wait_all(posted_, {"the peers' chunks", k, chunks});
-      const auto [from, to] = overlap(mine, first, n);
-      if (from < to) {
-        for (int q = 0; q < size_; ++q) sources_[q] = buffer(q, b) + (from - first) * element;
-        reduce_into(array + from * element, sources_.data(), size_, to - from, dtype, op, scale);
-      }
-      post();
-      release_buffer(b);
-    }
-  });
-}
-
-void Communicator::allgather_parts(void* data, std::size_t count, DType dtype) {
-  if (error_) throw *error_;
-  if (size_ == 1) return;  // my part is the whole array
-  Descriptor descriptor;
-  descriptor.kind = Kind::kAllgatherParts;
-  descriptor.count = count;
-  descriptor.dtype = dtype;
-  run(descriptor, [&] {
-    const std::size_t element = dtype_size(dtype);
-    auto* array = static_cast<unsigned char*>(data);
-    const std::size_t chunk_elements = options_.chunk_bytes / element;
-    const std::size_t chunks = std::max<std::size_t>(1, (count + chunk_elements - 1) / chunk_elements);
-    for (std::size_t k = 0; k < chunks; ++k) {
-      const std::size_t first = k * chunk_elements, n = std::min(chunk_elements, count - first);
-      // 1. Copy the piece of my part in this chunk into a free buffer of mine, where it lies in the
-      //    chunk; post: the peers may read it.
-      const int b = acquire_buffer({"the peers to finish reading this buffer", k, chunks}, true);
-      const auto [from, to] = overlap(part(rank_, count, dtype), first, n);
-      if (from < to) copy_bytes(buffer(rank_, b) + (from - first) * element, array + from * element, (to - from) * element);
-      post();
-      // 2. Once every piece is in: copy each peer's piece of this chunk into its place in my array;
-      //    post that I am done reading the peers' buffers.
-      wait_all(posted_, {"the peers' parts", k, chunks});
-      for (int q = 0; q < size_; ++q) {
-        const auto [theirs_from, theirs_to] = overlap(part(q, count, dtype), first, n);
-        if (q == rank_ || theirs_from >= theirs_to) continue;
-        copy_bytes(array + theirs_from * element, buffer(q, b) + (theirs_from - first) * element,
-                   (theirs_to - theirs_from) * element);
-      }
-      post();
-      release_buffer(b);
-    }
-  });
 }
 
 }  // namespace ddp::detail::shm

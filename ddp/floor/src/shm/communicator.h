@@ -190,22 +190,12 @@ class Communicator {
   static constexpr std::size_t kRelayPieceBytes = std::size_t{1} << 20;
   static constexpr int kRelayPiecesInFlight = 2;
 
-  // The halves of an allreduce, for a hierarchical one (issue 29): reduce inside the host, each
-  // local rank allreduces its part across the hosts, then the parts are shared inside the host.
-  //
-  // Rank `rank`'s part of an array of `count` elements of `dtype`: elements [first, second). The
+  // Rank `rank`'s slice of an array of `count` elements of `dtype` in allreduce_shared (the part of
+  // the array it reduces, and with a relay sends across the hosts): elements [first, second). The
   // parts are consecutive in rank order and cover the array; each starts at a multiple of 64 bytes
   // and holds at most 1/size of the array plus 128 bytes (some are empty for arrays under 64 bytes
   // per rank). The same on every rank of the group.
   std::pair<std::size_t, std::size_t> part(int rank, std::size_t count, DType dtype) const;
-  // In place: this rank's part of `data` becomes the reduction of that part over all ranks, in
-  // rank order, times `scale` (as allreduce); the rest of `data` is left as it was. The same bits
-  // as allreduce gives for those elements when it reduces in slices (three ranks or more).
-  // Throws std::invalid_argument (before communicating) as allreduce does.
-  void reduce_scatter(void* data, std::size_t count, DType dtype, Op op, double scale = 1.0);
-  // In place: every rank's part of `data` (part(r, count, dtype) of rank r's array) is copied into
-  // the same elements of every rank's array; this rank's part is not written.
-  void allgather_parts(void* data, std::size_t count, DType dtype);
 
   // The collectives above throw PeerError when a peer fails them (see the top of this file);
   // after that every call throws the same error again.

@@ -650,7 +650,7 @@ TEST(ShmSegment, ErrorsNameTheObjectAndTheReason) {
 
 // ---- Collectives across processes ------------------------------------------------------------------
 
-// One collective's check of one test tensor: check_allreduce or check_reduce_scatter.
+// One collective's check of one test tensor: check_allreduce, or allreduce_shared's.
 using NumericsCheck = std::function<std::string(shm::Communicator& comm, const Format& format, shm::Op op, std::size_t count,
                                                 std::uint64_t seed, double scale, std::string& hashes)>;
 
@@ -670,7 +670,7 @@ void run_numerics(int world, const NumericsCheck& check,
     for (const Format& format : kFormats) {
       const std::size_t element = shm::dtype_size(format.dtype), w = static_cast<std::size_t>(world);
       const std::size_t chunk = options.chunk_bytes / element, one_step = options.one_step_bytes / element;
-      const std::size_t parts_of_64 = w * (64 / element);  // every rank's part 64 bytes (reduce_scatter)
+      const std::size_t parts_of_64 = w * (64 / element);  // every rank's part 64 bytes (allreduce_shared)
       std::vector<std::size_t> sizes = {0, 1, w - 1, one_step - 1, one_step, one_step + 1, parts_of_64 - 1, parts_of_64,
                                         parts_of_64 + 1, chunk - 1, chunk, chunk + 1, 2 * chunk + w, 1000003};
       if (sizes_of) sizes = sizes_of(parts_of_64);
@@ -708,6 +708,25 @@ TEST(ShmCommunicator, AllreduceMatchesTheReferenceAtTwoRanks) { run_allreduce_nu
 TEST(ShmCommunicator, AllreduceMatchesTheReferenceAtThreeRanks) { run_allreduce_numerics(3); }
 TEST(ShmCommunicator, AllreduceMatchesTheReferenceAtFourRanks) { run_allreduce_numerics(4); }
 
+// The ranks' parts (part(): each one's slice in allreduce_shared) tile an array of `count`
+// elements in rank order, each at a multiple of 64 bytes, none more than 1/W of it plus 128 bytes.
+std::string parts_problems(const shm::Communicator& comm, std::size_t count, shm::DType dtype) {
+  const std::size_t element = shm::dtype_size(dtype), world = static_cast<std::size_t>(comm.size());
+  std::ostringstream errors;
+  std::size_t expected_first = 0;
+  for (int r = 0; r < comm.size(); ++r) {
+    const auto [first, last] = comm.part(r, count, dtype);
+    if (first != expected_first || last < first || (first * element) % 64 != 0 || (last - first) * element > count * element / world + 128) {
+      errors << "  rank " << r << "'s part [" << first << ", " << last << ") of " << count << " does not follow on "
+             << expected_first << ", does not start at a multiple of 64 bytes or holds more than 1/" << world
+             << " of the array plus 128 bytes\n";
+    }
+    expected_first = last;
+  }
+  if (expected_first != count) errors << "  the parts end at " << expected_first << ", not at " << count << "\n";
+  return errors.str();
+}
+
 // allreduce_shared: each test tensor written into this rank's part of one shared array (made once
 // per rank process, big enough for the largest), at an offset that moves with the seed, so slices
 // start anywhere. (A peer's part is not compared here: once the call returns, the peer may already
@@ -721,7 +740,8 @@ void run_allreduce_shared_numerics(int world) {
     auto* mine = static_cast<unsigned char*>(array->mine()) + offset;
     for (std::size_t i = 0; i < count; ++i) make_element(format, op, seed, comm.rank(), i, mine);
     comm.allreduce_shared(*array, offset, count, format.dtype, op, scale);
-    const std::string errors = compare_with_reference(format, op, seed, comm.size(), scale, mine, 0, count);
+    const std::string errors = parts_problems(comm, count, format.dtype) +
+                               compare_with_reference(format, op, seed, comm.size(), scale, mine, 0, count);
     const std::string what = std::string(shm::dtype_name(format.dtype)) + " " + shm::op_name(op) + " x " + std::to_string(count) +
                              " shared, scaled by " + std::to_string(scale);
     hashes += "HASH " + what + " " + std::to_string(fnv1a(mine, count * element)) + "\n";
@@ -883,55 +903,6 @@ TEST(ShmCommunicator, SharedArraysLeaveNothingDisagreeingRanksAreNamedAndTooBigI
   EXPECT_TRUE(leftovers(scratch.prefix).empty());
 }
 
-// reduce_scatter, then allgather_parts, of one test tensor of `count` elements. The parts tile the
-// tensor at 64-byte boundaries; after reduce_scatter this rank's part matches the reference and the
-// rest is its input, untouched; after allgather_parts the whole tensor matches the reference, with
-// the same bits as allreduce gives. Returns "" or what went wrong; appends the result's hash.
-std::string check_reduce_scatter(shm::Communicator& comm, const Format& format, shm::Op op, std::size_t count,
-                                 std::uint64_t seed, double scale, std::string& hashes) {
-  const int world = comm.size(), rank = comm.rank();
-  const std::size_t element = shm::dtype_size(format.dtype);
-  const std::string what = std::string(shm::dtype_name(format.dtype)) + " " + shm::op_name(op) + " x " + std::to_string(count) +
-                           (scale != 1.0 ? " scaled by " + std::to_string(scale) : "");
-  std::ostringstream errors;
-  std::size_t expected_first = 0;
-  for (int r = 0; r < world; ++r) {
-    const auto [first, last] = comm.part(r, count, format.dtype);
-    if (first != expected_first || last < first || (first * element) % 64 != 0 || (last - first) * element > count * element / world + 128) {
-      errors << "  rank " << r << "'s part [" << first << ", " << last << ") does not follow on " << expected_first
-             << ", does not start at a multiple of 64 bytes or holds more than 1/" << world << " of the tensor plus 128 bytes\n";
-    }
-    expected_first = last;
-  }
-  if (expected_first != count) errors << "  the parts end at " << expected_first << ", not at " << count << "\n";
-
-  std::vector<unsigned char> input(std::max<std::size_t>(1, count * element));
-  for (std::size_t i = 0; i < count; ++i) make_element(format, op, seed, rank, i, input.data());
-  std::vector<unsigned char> data = input, allreduced = input;
-  comm.reduce_scatter(data.data(), count, format.dtype, op, scale);
-  const auto [first, last] = comm.part(rank, count, format.dtype);
-  const std::string mine = compare_with_reference(format, op, seed, world, scale, data.data(), first, last);
-  if (!mine.empty()) errors << "  after reduce_scatter, in this rank's part:\n" << mine;
-  if (!std::equal(data.begin(), data.begin() + first * element, input.begin()) ||
-      !std::equal(data.begin() + last * element, data.begin() + count * element, input.begin() + last * element)) {
-    errors << "  reduce_scatter wrote outside this rank's part [" << first << ", " << last << ")\n";
-  }
-  comm.allgather_parts(data.data(), count, format.dtype);
-  const std::string whole = compare_with_reference(format, op, seed, world, scale, data.data(), 0, count);
-  if (!whole.empty()) errors << "  after allgather_parts:\n" << whole;
-  comm.allreduce(std::vector<shm::Span>{{allreduced.data(), count}}, format.dtype, op, scale);
-  if (!std::equal(data.begin(), data.begin() + count * element, allreduced.begin())) {
-    errors << "  reduce_scatter + allgather_parts differ from allreduce's bits\n";
-  }
-  hashes += "HASH " + what + " " + std::to_string(fnv1a(data.data(), count * element)) + "\n";
-  return errors.str().empty() ? "" : what + " at " + std::to_string(world) + " ranks:\n" + errors.str();
-}
-
-void run_reduce_scatter_numerics(int world) { run_numerics(world, check_reduce_scatter); }
-
-TEST(ShmCommunicator, ReduceScatterAndAllgatherPartsMatchTheReferenceAtTwoRanks) { run_reduce_scatter_numerics(2); }
-TEST(ShmCommunicator, ReduceScatterAndAllgatherPartsMatchTheReferenceAtThreeRanks) { run_reduce_scatter_numerics(3); }
-TEST(ShmCommunicator, ReduceScatterAndAllgatherPartsMatchTheReferenceAtFourRanks) { run_reduce_scatter_numerics(4); }
 
 TEST(ShmCommunicator, BroadcastFromEveryRootAllgatherAndBarrier) {
   constexpr int kWorld = 3;
@@ -1096,20 +1067,6 @@ TEST(ShmCommunicator, MismatchedCollectivesThrowOnEveryRank) {
          comm.allreduce({{data.data(), 4}, {data.data() + 4, 6}}, shm::DType::kFloat32, shm::Op::kSum, rank == 0 ? 0.5 : 1.0);
        },
        "allreduce #1 (10 x float32, SUM x 0.5)", "allreduce #1 (10 x float32, SUM)"},
-      {"halves",  // a hierarchical allreduce's first half against a flat one
-       [](shm::Communicator& comm, int rank) {
-         std::vector<double> data(1000, 1.0);
-         if (rank == 0) comm.reduce_scatter(data.data(), data.size(), shm::DType::kFloat64, shm::Op::kSum, 0.25);
-         else comm.allreduce(data.data(), data.size(), shm::DType::kFloat64, shm::Op::kSum);
-       },
-       "reduce_scatter #1 (1000 x float64, SUM x 0.25)", "allreduce #1 (1000 x float64, SUM)"},
-      {"second half",  // one rank skipped the reduce-scatter
-       [](shm::Communicator& comm, int rank) {
-         std::vector<float> data(1000, 1.0f);
-         if (rank == 0) comm.reduce_scatter(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kAvg);
-         else comm.allgather_parts(data.data(), data.size(), shm::DType::kFloat32);
-       },
-       "reduce_scatter #1 (1000 x float32, AVG)", "allgather_parts #1 (1000 x float32)"},
   };
   for (const Case& c : cases) {
     Scratch scratch;
@@ -1483,16 +1440,8 @@ TEST(ShmCommunicator, OnlyAFloatingSumIsScaled) {
             "shm::Communicator::allreduce: MAX of float32 cannot be scaled");
   EXPECT_EQ(refusal([&] { comm.allreduce({{ints.data(), 2}}, shm::DType::kInt32, shm::Op::kSum, 0.5); }),
             "shm::Communicator::allreduce: SUM of int32 cannot be scaled");
-  EXPECT_EQ(refusal([&] { comm.reduce_scatter(ints.data(), 2, shm::DType::kInt32, shm::Op::kAvg); }),
-            "shm::Communicator::reduce_scatter: AVG of int32 is not supported");
-  EXPECT_EQ(refusal([&] { comm.reduce_scatter(floats.data(), 2, shm::DType::kFloat32, shm::Op::kMin, 2.0); }),
-            "shm::Communicator::reduce_scatter: MIN of float32 cannot be scaled");
   comm.allreduce({{floats.data(), 1}, {floats.data() + 1, 1}}, shm::DType::kFloat32, shm::Op::kSum, 0.5);
   EXPECT_EQ(floats, (std::vector<float>{0.75f, -1.0f}));
-  comm.reduce_scatter(floats.data(), 2, shm::DType::kFloat32, shm::Op::kSum, 2.0);  // a group of one: scaled in place
-  EXPECT_EQ(floats, (std::vector<float>{1.5f, -2.0f}));
-  comm.allgather_parts(floats.data(), 2, shm::DType::kFloat32);
-  EXPECT_EQ(floats, (std::vector<float>{1.5f, -2.0f}));
   EXPECT_TRUE(leftovers(scratch.prefix).empty());
 }
 

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
-#include <optional>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -17,6 +17,7 @@
 
 #include "error_text.h"
 #include "store_text.h"
+#include "shm/reduce_kernels.h"
 
 namespace ddp::detail::shm {
 namespace {
@@ -57,16 +58,24 @@ c10::ScalarType scalar_type_of(DType dtype) {
 // array mapped while Gloo may still use it, even after a failure).
 class Hierarchical::Across final : public Relay {
  public:
-  Across(Hierarchical& owner, std::shared_ptr<SharedArray> array, DType dtype, Op op)
-      : owner_(owner), array_(std::move(array)), type_(scalar_type_of(dtype)), op_(op) {}
+  Across(Hierarchical& owner, std::shared_ptr<SharedArray> array, DType dtype, Op op, std::function<void()> meanwhile)
+      : owner_(owner), array_(std::move(array)), type_(scalar_type_of(dtype)), op_(op), meanwhile_(std::move(meanwhile)) {}
   void start(void* data, std::size_t count) override {
     at::Tensor piece = at::from_blob(data, {static_cast<int64_t>(count)}, [array = array_](void*) {}, at::TensorOptions(type_));
     works_.push_back(owner_.start_part(piece, op_));
   }
   void finish() override {
+    do_meanwhile();  // while the pieces in flight cross
     c10::intrusive_ptr<c10d::Work> work = std::move(works_.front());
     works_.pop_front();
     owner_.finish_part(work);
+  }
+  // The caller's work for while the link is busy, once.
+  void do_meanwhile() {
+    if (!meanwhile_) return;
+    std::function<void()> work = std::move(meanwhile_);
+    meanwhile_ = nullptr;
+    work();
   }
 
  private:
@@ -74,13 +83,14 @@ class Hierarchical::Across final : public Relay {
   std::shared_ptr<SharedArray> array_;
   c10::ScalarType type_;
   Op op_;
+  std::function<void()> meanwhile_;
   std::deque<c10::intrusive_ptr<c10d::Work>> works_;
 };
 
 Hierarchical::Hierarchical(HostLayout layout, int rank, std::unique_ptr<Communicator> local,
-                           const c10::intrusive_ptr<c10d::Store>& store,
+                           std::shared_ptr<SharedArray> scratch, const c10::intrusive_ptr<c10d::Store>& store,
                            const std::shared_ptr<::gloo::transport::Device>& device, std::chrono::milliseconds timeout)
-    : layout_(std::move(layout)), rank_(rank), local_(std::move(local)), store_(store) {
+    : layout_(std::move(layout)), rank_(rank), local_(std::move(local)), scratch_(std::move(scratch)), store_(store) {
   // The ranks of my local rank on every host, numbered by host: their own keys under the store.
   const int local_rank = layout_.local_rank_of(rank_);
   auto options = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -102,63 +112,44 @@ std::string Hierarchical::name() const {
 }
 
 void Hierarchical::allreduce(const std::vector<at::Tensor>& tensors, DType dtype, Op op, double scale) {
-  try {
-    run(tensors, dtype, op, scale);
-  } catch (const PeerError& error) {
-    tell_other_hosts(error.what());
-    throw;
-  }
-}
-
-void Hierarchical::run(const std::vector<at::Tensor>& tensors, DType dtype, Op op, double scale) {
-  // One array: the tensor itself, or the list (a bucket's gradients where they lie) copied into one.
-  std::vector<at::Tensor> flattened;
-  for (const at::Tensor& tensor : tensors) flattened.push_back(tensor.view(-1));
-  at::Tensor array = flattened.size() == 1 ? flattened[0] : at::cat(flattened);
-  const auto count = static_cast<std::size_t>(array.numel());
-  auto* base = static_cast<char*>(array.data_ptr());
-  const auto element = static_cast<std::size_t>(array.element_size());
-
-  const auto [local_op, local_scale] = host_reduction(op, scale, layout_.size());
-
-  // The array goes through the three steps in chunks, as a pipeline: while chunk k crosses the
-  // hosts (Gloo, in the background), this rank reduces chunk k+1 inside the host, then gathers
-  // chunk k-1, so the link is not idle while the host works. Every local rank cuts the same chunks
-  // and calls its Communicator in the same order: RS 0, RS 1, AG 0, RS 2, AG 1, ...
-  struct Crossing {
-    std::size_t first = 0, count = 0;
-    c10::intrusive_ptr<c10d::Work> work;  // null: my part of the chunk is empty (on every host alike)
-  };
-  std::optional<Crossing> on_link;  // the chunk whose parts are crossing
-  auto gather = [&](const Crossing& chunk) {
-    if (chunk.work) finish_part(chunk.work);
-    local_->allgather_parts(base + chunk.first * element, chunk.count, dtype);
-  };
-  const std::size_t step = std::max<std::size_t>(1, kChunkBytes / element);
-  for (std::size_t first = 0; first < count; first += step) {
-    Crossing chunk{first, std::min(step, count - first), {}};
-    // 1. Inside the host: my part of the chunk's host reduction.
-    local_->reduce_scatter(base + first * element, chunk.count, dtype, local_op, local_scale);
-    // 2. Across the hosts, started: my part, with the ranks of my local rank (an empty part on
-    //    every one of them alike, for chunks of under 64 bytes per local rank).
-    const std::pair<std::size_t, std::size_t> part = local_->part(local_->rank(), chunk.count, dtype);
-    if (part.second > part.first) {
-      chunk.work = start_part(
-          array.narrow(0, static_cast<int64_t>(first + part.first), static_cast<int64_t>(part.second - part.first)), op);
+  // The list as one array, a window at a time through the two halves of my scratch array in turn:
+  // while a window's slices cross the hosts, the window before is copied out of the other half and
+  // the window after copied in (once allreduce_shared has returned, no peer reads or writes my part
+  // of its half any more), so the link does not wait for the copies. Copied by this thread: ATen's
+  // copies would start threads of their own on a host whose cores the ranks already share.
+  const std::size_t element = dtype_size(dtype);
+  std::size_t count = 0;
+  for (const at::Tensor& tensor : tensors) count += static_cast<std::size_t>(tensor.numel());
+  const std::size_t half_bytes = scratch_->bytes() / 2, window = half_bytes / element;
+  const std::size_t windows = (count + window - 1) / window;
+  const auto first_of = [&](std::size_t k) { return k * window; };
+  const auto size_of = [&](std::size_t k) { return std::min(window, count - k * window); };
+  const auto half_of = [&](std::size_t k) { return (k % 2) * half_bytes; };  // bytes into the scratch array
+  // Window k of the list into its half of my part, or back out of it.
+  const auto move = [&](std::size_t k, bool into) {
+    unsigned char* mine = static_cast<unsigned char*>(scratch_->mine()) + half_of(k);
+    const std::size_t first = first_of(k), last = first + size_of(k);
+    std::size_t begin = 0;  // the current tensor's first element in the list
+    for (const at::Tensor& tensor : tensors) {
+      const std::size_t end = begin + static_cast<std::size_t>(tensor.numel());
+      const std::size_t from = std::max(begin, first), to = std::min(end, last);
+      if (from < to) {
+        auto* ours = static_cast<unsigned char*>(tensor.data_ptr()) + (from - begin) * element;
+        unsigned char* theirs = mine + (from - first) * element;
+        copy_bytes(into ? theirs : ours, into ? ours : theirs, (to - from) * element);
+      }
+      begin = end;
     }
-    // 3. Inside the host: every local rank's part of the chunk before, once it has crossed.
-    if (on_link) gather(*on_link);
-    on_link = std::move(chunk);
+  };
+  if (windows == 0) return;
+  move(0, true);
+  for (std::size_t k = 0; k < windows; ++k) {
+    allreduce_shared(scratch_, half_of(k), size_of(k), dtype, op, scale, [&, k] {
+      if (k > 0) move(k - 1, false);
+      if (k + 1 < windows) move(k + 1, true);
+    });
   }
-  if (on_link) gather(*on_link);
-
-  if (flattened.size() > 1) {
-    int64_t offset = 0;
-    for (at::Tensor& piece : flattened) {
-      piece.copy_(array.narrow(0, offset, piece.numel()));
-      offset += piece.numel();
-    }
-  }
+  move(windows - 1, false);
 }
 
 std::shared_ptr<SharedArray> Hierarchical::share(std::size_t bytes) {
@@ -189,15 +180,16 @@ std::shared_ptr<SharedArray> Hierarchical::share(std::size_t bytes) {
 }
 
 void Hierarchical::allreduce_shared(const std::shared_ptr<SharedArray>& array, std::size_t offset, std::size_t count,
-                                    DType dtype, Op op, double scale) {
+                                    DType dtype, Op op, double scale, std::function<void()> meanwhile) {
   const auto [local_op, local_scale] = host_reduction(op, scale, layout_.size());
-  Across across(*this, array, dtype, op);
+  Across across(*this, array, dtype, op, std::move(meanwhile));
   try {
     local_->allreduce_shared(*array, offset, count, dtype, local_op, local_scale, &across);
   } catch (const PeerError& error) {
     tell_other_hosts(error.what());
     throw;
   }
+  across.do_meanwhile();  // if no piece of mine crossed (an empty slice), now
 }
 
 c10::intrusive_ptr<c10d::Work> Hierarchical::start_part(const at::Tensor& part, Op op) {

@@ -2,22 +2,23 @@
 // The allreduce of a group whose ranks run on several hosts, the same number L >= 2 on each
 // (issue 29; HostLayout::hierarchical()). Only step 2 crosses the hosts' links, carrying 1/L of
 // the array per rank, the L local ranks' streams at once:
-//   1. reduce-scatter inside the host, over shared memory: local rank l holds part l of the
-//      host's sum                                              (Communicator::reduce_scatter)
-//   2. allreduce part l across the hosts over Gloo, among the ranks of local rank l on every host
-//      (one Gloo group per local rank, made once, from the group's store)
-//   3. allgather the parts inside the host, over shared memory (Communicator::allgather_parts)
-// in chunks of 4 MiB as a pipeline: chunk k crosses the link while chunk k+1 is reduced and chunk
-// k-1 gathered inside the host. DDP's buckets take a shorter way (allreduce_shared): they lie in
-// memory the host's ranks share (share()), so local rank l reduces its slice straight from the
-// host's buckets, sends it across in pieces, and writes each piece back into every bucket of its
-// host - no copies through the Communicator's buffers, and the host's ranks wait for each other
-// only before and after (Communicator::allreduce_shared with a Relay). On mlp_b4 at 1 Gbit/s it
-// took a DDP step from 54 to 22 ms more than the allreduce alone; hierarchical/flat went from 0.76
-// to 0.69 there, and from 0.82 to 0.56-0.64 at 10 Gbit/s (benchmarks/README.md).
-// Every rank ends with the same bits: step 2 gives every member of a Gloo group the same part,
-// step 3 copies it. They differ from flat Gloo's only in the order of the additions (fp32
-// rounding).
+//   1. inside the host, over shared memory: local rank l reduces slice l of the array from every
+//      local rank's copy
+//   2. across the hosts over Gloo: local rank l allreduces slice l with the ranks of local rank l on
+//      every host (one Gloo group per local rank, made once, from the group's store), in pieces of
+//      1 MiB, two in flight, so that a piece crosses while the next one is reduced
+//   3. inside the host: local rank l writes each piece of slice l back into every local rank's copy
+//      as it lands
+// all three in one Communicator::allreduce_shared, with a Relay that runs step 2: the array lies
+// in memory the host's ranks share, and they wait for each other only before step 1 and after
+// step 3. DDP's buckets live there (share()); any other tensor is copied into a scratch array of
+// kScratchBytes per rank and back, a window at a time. Every rank ends with the same bits: step 2
+// gives every member of a Gloo group the same slice, step 3 copies it. They differ from flat
+// Gloo's only in the order of the additions (fp32 rounding).
+//
+// On mlp_b4 (33.6 MB of gradients) at 2 hosts x 2 ranks over 1 Gbit/s, a DDP step takes 22 ms more
+// than the allreduce alone; with the buckets private and copied through the Communicator's buffers
+// in three steps (941e94a) it took 54 ms more (benchmarks/README.md).
 //
 // Failures: every wait is bounded by the group's timeout (the Communicator's and the Gloo group's).
 // A rank that dies is named by its host's peers (the Communicator watches their pids; errors name
@@ -31,6 +32,7 @@
 // Thread-safety: one thread at a time (the channel's), collectives in the same order on every rank.
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,9 +60,13 @@ class Hierarchical {
   // `device`, with `timeout`. `local` is this host's Communicator (ranks numbered by local rank,
   // Options::rank_names set to their group ranks), already agreed on by every rank of the group.
   // Throws what Gloo throws when its group cannot connect.
-  Hierarchical(HostLayout layout, int rank, std::unique_ptr<Communicator> local,
+  // `scratch` is the host's first scratch array (local->share(kScratchBytes)).
+  Hierarchical(HostLayout layout, int rank, std::unique_ptr<Communicator> local, std::shared_ptr<SharedArray> scratch,
                const c10::intrusive_ptr<c10d::Store>& store, const std::shared_ptr<::gloo::transport::Device>& device,
                std::chrono::milliseconds timeout);
+  // Bytes of each rank's scratch array, where tensors that are not in shared memory are reduced: two
+  // windows of 4 MiB, one crossing while the other is copied out and in (allreduce()).
+  static constexpr std::size_t kScratchBytes = std::size_t{8} << 20;
   ~Hierarchical();
   Hierarchical(const Hierarchical&) = delete;
   Hierarchical& operator=(const Hierarchical&) = delete;
@@ -69,8 +75,9 @@ class Hierarchical {
   // float64, int32, int64; SUM, AVG of floating types, MAX, MIN, PRODUCT).
   static bool serves(DType dtype, Op op);
   // Every tensor (dense, contiguous, CPU, of `dtype`) becomes its part of the reduction over the
-  // group of the list taken as one array; `scale` (SUM of floating types only) multiplies the sum.
-  // Throws PeerError naming the rank that caused a failure; after one, every call throws.
+  // group of the list taken as one array (through the scratch array); `scale` (SUM of floating
+  // types only) multiplies the sum. Throws PeerError naming the rank that caused a failure; after
+  // one, every call throws.
   void allreduce(const std::vector<at::Tensor>& tensors, DType dtype, Op op, double scale);
   // "hierarchical (2 hosts x 2)".
   std::string name() const;
@@ -79,21 +86,16 @@ class Hierarchical {
   // memory this host's ranks share (Communicator::share), or ShmUnavailable on every rank of every
   // host alike, when a host could not make it or the hosts ask for different sizes.
   std::shared_ptr<SharedArray> share(std::size_t bytes);
-  // allreduce of the `count` elements at byte `offset` of `array` (share() made it) where they lie:
-  // each local rank reduces its slice of them inside the host, allreduces it across the hosts with
-  // the ranks of its local rank, a piece at a time, and copies each piece into its host's peers'
-  // parts as it comes back (Communicator::allreduce_shared with a Relay): no copy into one array,
-  // no copies through the Communicator's buffers, one wait for the host's peers at each end.
+  // allreduce (as above) of the `count` elements at byte `offset` of `array` (share() made it),
+  // where they lie. `meanwhile`, if given, runs once on this thread while pieces cross the hosts
+  // (or at the end when none of this rank's does).
   void allreduce_shared(const std::shared_ptr<SharedArray>& array, std::size_t offset, std::size_t count, DType dtype,
-                        Op op, double scale);
+                        Op op, double scale, std::function<void()> meanwhile = nullptr);
 
  private:
   class Across;
-  // Chunks of the array pipelined through the three steps (hierarchical.cpp says how).
-  static constexpr std::size_t kChunkBytes = std::size_t{4} << 20;
-  void run(const std::vector<at::Tensor>& tensors, DType dtype, Op op, double scale);
-  // Step 2 of a chunk: started in the background, then waited for (its failure named, my host's
-  // Communicator failed with it).
+  // A Gloo allreduce across the hosts: started in the background, then waited for (its failure
+  // named, my host's Communicator failed with it).
   c10::intrusive_ptr<c10d::Work> start_part(const at::Tensor& part, Op op);
   void finish_part(const c10::intrusive_ptr<c10d::Work>& work);
   std::string wait_watching(const c10::intrusive_ptr<c10d::Work>& work) const;
@@ -103,6 +105,7 @@ class Hierarchical {
   HostLayout layout_;
   int rank_;
   std::unique_ptr<Communicator> local_;
+  std::shared_ptr<SharedArray> scratch_;
   c10::intrusive_ptr<c10d::Store> store_;  // the group's: where a failing rank tells the others
   c10::intrusive_ptr<c10d::ProcessGroupGloo> across_;
   bool told_other_hosts_ = false;
