@@ -120,6 +120,7 @@ void Hierarchical::allreduce(const std::vector<at::Tensor>& tensors, DType dtype
   const std::size_t element = dtype_size(dtype);
   std::size_t count = 0;
   for (const at::Tensor& tensor : tensors) count += static_cast<std::size_t>(tensor.numel());
+  grow_scratch(count * element);
   const std::size_t half_bytes = scratch_->bytes() / 2, window = half_bytes / element;
   const std::size_t windows = (count + window - 1) / window;
   const auto first_of = [&](std::size_t k) { return k * window; };
@@ -150,6 +151,21 @@ void Hierarchical::allreduce(const std::vector<at::Tensor>& tensors, DType dtype
     });
   }
   move(windows - 1, false);
+}
+
+// Windows as large as `bytes`, up to the largest: a larger scratch array (a collective, as the
+// allreduce that asks is: every rank asks for the same size), or, where a host cannot make one,
+// the one there is, from then on.
+void Hierarchical::grow_scratch(std::size_t bytes) {
+  const std::size_t wanted = std::min(2 * bytes, scratch_limit_);
+  if (wanted <= scratch_->bytes()) return;
+  constexpr std::size_t kTwoMiB = std::size_t{2} << 20;  // two windows of whole MiB
+  const std::size_t grown = (std::max(wanted, 2 * scratch_->bytes()) + kTwoMiB - 1) / kTwoMiB * kTwoMiB;
+  try {
+    scratch_ = share(std::min(grown, scratch_limit_));
+  } catch (const ShmUnavailable&) {
+    scratch_limit_ = scratch_->bytes();
+  }
 }
 
 std::shared_ptr<SharedArray> Hierarchical::share(std::size_t bytes) {
