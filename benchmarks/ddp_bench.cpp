@@ -227,6 +227,18 @@ double proc_status_mib(const std::string& field) {
   return std::nan("");
 }
 
+// This process's proportional set size in MiB (/proc/self/smaps_rollup): each page counted once
+// per process that maps it, divided among them. Shared memory (DDP's buckets, issue 24) is mapped
+// by every rank and touched across ranks, so RSS counts the pages a rank reads and writes in its
+// peers' memory as its own too; PSS sums over the ranks to what the machine really holds.
+double proportional_set_mib() {
+  std::ifstream in("/proc/self/smaps_rollup");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("Pss:", 0) == 0) return std::stod(line.substr(4)) / 1024.0;  // kB
+  }
+  return std::nan("");
+}
+
 // The memory pass's measured steps, in a function of their own so that a profiler can count just
 // them: valgrind --tool=callgrind --collect-atstart=no --toggle-collect='*run_steps*' (README).
 __attribute__((noinline)) void run_steps(Variant& variant, int steps) {
@@ -249,12 +261,15 @@ void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& 
   ddp::barrier(group);
   if (!reset_peak_rss()) throw std::runtime_error("cannot reset the peak RSS (/proc/self/clear_refs)");
   const double baseline = proc_status_mib("VmRSS");
+  const double baseline_pss = proportional_set_mib();
   Variant variant = make_variant(spec, model, batch, groups);
   for (int i = 0; i < o.warmup; ++i) variant.step();
   const double setup_peak = proc_status_mib("VmHWM");
   reset_peak_rss();
   run_steps(variant, o.memory_steps);
   const double steady_peak = proc_status_mib("VmHWM");
+  ddp::barrier(group);  // every rank has touched what it touches in a step: PSS is divided alike
+  const double steady_pss = proportional_set_mib();
   // Each rank's optimizer state (ZeRO: its shard's), gathered for rank 0's report.
   const auto state_bytes = ddp::all_gather(torch::tensor({variant.optimizer_state_bytes()}, torch::kLong), group);
   ddp::barrier(group);
@@ -264,6 +279,7 @@ void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& 
   json out = {{"id", spec.id()}, {"baseline_rss_mib", baseline},
               {"steady_peak_delta_mib", steady_peak - baseline},
               {"setup_peak_delta_mib", std::max(setup_peak, steady_peak) - baseline},
+              {"steady_pss_delta_mib", steady_pss - baseline_pss},
               {"optimizer_state_bytes_per_rank", state_per_rank}};
   std::ofstream(fs::path(o.out) / memory_file(config, group->getSize(), spec)) << out.dump(1) << "\n";
 }

@@ -134,6 +134,7 @@ json analyse(const json& raw, const std::map<std::string, json>& memory) {
     if (mem != memory.end()) {
       row["peak_rss_steady_mib"] = mem->second["steady_peak_delta_mib"];
       row["peak_rss_setup_mib"] = mem->second["setup_peak_delta_mib"];
+      if (mem->second.contains("steady_pss_delta_mib")) row["pss_steady_mib"] = mem->second["steady_pss_delta_mib"];
       if (mem->second.contains("optimizer_state_bytes_per_rank")) {
         row["optimizer_state_bytes_per_rank"] = mem->second["optimizer_state_bytes_per_rank"];
       }
@@ -255,8 +256,8 @@ void print_optimizer_state(const json& rows, int world) {
 void print_memory(const json& rows, int world, double gradient_mib) {
   std::printf("  peak RSS above model+data (MiB), each variant alone in fresh ranks at world %d; fp32 gradients: "
               "%.1f MiB\n", world, gradient_mib);
-  std::printf("    %-16s %8s %22s %8s %22s\n", "variant", "steady", "steady-local (x grads)", "setup",
-              "setup-local (x grads)");
+  std::printf("    %-16s %8s %22s %8s %22s %22s\n", "variant", "steady", "steady-local (x grads)", "setup",
+              "setup-local (x grads)", "PSS steady-local");
   const json* local = find_row(rows, "local");
   for (const auto& row : rows) {
     if (!row.contains("peak_rss_steady_mib")) continue;
@@ -266,11 +267,16 @@ void print_memory(const json& rows, int world, double gradient_mib) {
     const double setup = get(&row, "peak_rss_setup_mib");
     const double steady_extra = steady - get(local, "peak_rss_steady_mib");
     const double setup_extra = setup - get(local, "peak_rss_setup_mib");
-    std::printf("    %-16s %8.1f %13.1f (%5.2f x) %8.1f %13.1f (%5.2f x)\n", name.c_str(), steady, steady_extra,
-                steady_extra / gradient_mib, setup, setup_extra, setup_extra / gradient_mib);
+    const double pss_extra = get(&row, "pss_steady_mib") - get(local, "pss_steady_mib");
+    std::printf("    %-16s %8.1f %13.1f (%5.2f x) %8.1f %13.1f (%5.2f x) %13.1f (%5.2f x)\n", name.c_str(), steady,
+                steady_extra, steady_extra / gradient_mib, setup, setup_extra, setup_extra / gradient_mib, pss_extra,
+                pss_extra / gradient_mib);
   }
   std::printf("    steady: peak while training after warm-up; setup: peak during construction and the first\n"
-              "    steps (includes the one bucket rebuild)\n");
+              "    steps (includes the one bucket rebuild); both resident set (RSS), which counts the pages of\n"
+              "    shared memory a rank touches in its peers' buckets as its own too. PSS steady-local: the\n"
+              "    proportional set after the steady steps (shared pages divided among the ranks that map\n"
+              "    them), what this rank really adds; not a peak\n");
 }
 
 // Columns: index, bucket label, then median/p25/p75 for local, naive, reducer, ours, ours_view,
