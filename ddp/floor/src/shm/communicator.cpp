@@ -516,24 +516,6 @@ void Communicator::allreduce(const std::vector<Span>& spans, DType dtype, Op op,
   });
 }
 
-namespace {
-// Calls part(pointer, at, n) for each piece of elements [first, first + count) of the spans taken
-// as one array, in order: `pointer` is the piece's first byte, `at` its index counted from `first`.
-template <typename Part>
-void for_each_piece(const std::vector<Span>& spans, std::size_t element, std::size_t first, std::size_t count, Part&& part) {
-  const std::size_t last = first + count;
-  std::size_t begin = 0;  // the current span's first element in the whole array
-  for (const Span& span : spans) {
-    const std::size_t end = begin + span.count;
-    if (span.count > 0 && end > first && begin < last) {
-      const std::size_t from = std::max(begin, first), to = std::min(end, last);
-      part(static_cast<unsigned char*>(span.data) + (from - begin) * element, from - first, to - from);
-    }
-    if (end >= last) return;
-    begin = end;
-  }
-}
-}  // namespace
 
 // Every rank reduces the whole chunk from all buffers straight into its output: one round trip
 // per chunk and no copy out. Each element is read W times instead of about twice, which pays at

@@ -38,6 +38,7 @@
 // be serialized by the caller). Collectives must be called in the same order with matching
 // arguments on every rank of the group. A child forked after setup must not use it (destroying
 // it there is harmless).
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -100,6 +101,24 @@ struct Span {
   void* data;
   std::size_t count;
 };
+
+// Calls part(pointer, at, n) for each piece of elements [first, first + count) of the spans taken
+// as one array, in order: `pointer` is the piece's first byte, `at` its index counted from `first`.
+template <typename Part>
+inline void for_each_piece(const std::vector<Span>& spans, std::size_t element, std::size_t first, std::size_t count,
+                           Part&& part) {
+  const std::size_t last = first + count;
+  std::size_t begin = 0;  // the current span's first element in the whole array
+  for (const Span& span : spans) {
+    const std::size_t end = begin + span.count;
+    if (span.count > 0 && end > first && begin < last) {
+      const std::size_t from = std::max(begin, first), to = std::min(end, last);
+      part(static_cast<unsigned char*>(span.data) + (from - begin) * element, from - first, to - from);
+    }
+    if (end >= last) return;
+    begin = end;
+  }
+}
 
 // A hierarchical allreduce's step across hosts (hierarchical.h), which allreduce_shared runs on this
 // rank's slice between reducing it inside the host and copying it into the peers' parts, a piece

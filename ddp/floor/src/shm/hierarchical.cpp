@@ -118,8 +118,12 @@ void Hierarchical::allreduce(const std::vector<at::Tensor>& tensors, DType dtype
   // of its half any more), so the link does not wait for the copies. Copied by this thread: ATen's
   // copies would start threads of their own on a host whose cores the ranks already share.
   const std::size_t element = dtype_size(dtype);
+  std::vector<Span> spans;
   std::size_t count = 0;
-  for (const at::Tensor& tensor : tensors) count += static_cast<std::size_t>(tensor.numel());
+  for (const at::Tensor& tensor : tensors) {
+    spans.push_back({tensor.data_ptr(), static_cast<std::size_t>(tensor.numel())});
+    count += spans.back().count;
+  }
   grow_scratch(count * element);
   const std::size_t half_bytes = scratch_->bytes() / 2, window = half_bytes / element;
   const std::size_t windows = (count + window - 1) / window;
@@ -129,18 +133,10 @@ void Hierarchical::allreduce(const std::vector<at::Tensor>& tensors, DType dtype
   // Window k of the list into its half of my part, or back out of it.
   const auto move = [&](std::size_t k, bool into) {
     unsigned char* mine = static_cast<unsigned char*>(scratch_->mine()) + half_of(k);
-    const std::size_t first = first_of(k), last = first + size_of(k);
-    std::size_t begin = 0;  // the current tensor's first element in the list
-    for (const at::Tensor& tensor : tensors) {
-      const std::size_t end = begin + static_cast<std::size_t>(tensor.numel());
-      const std::size_t from = std::max(begin, first), to = std::min(end, last);
-      if (from < to) {
-        auto* ours = static_cast<unsigned char*>(tensor.data_ptr()) + (from - begin) * element;
-        unsigned char* theirs = mine + (from - first) * element;
-        copy_bytes(into ? theirs : ours, into ? ours : theirs, (to - from) * element);
-      }
-      begin = end;
-    }
+    for_each_piece(spans, element, first_of(k), size_of(k), [&](unsigned char* ours, std::size_t at, std::size_t n) {
+      unsigned char* theirs = mine + at * element;
+      copy_bytes(into ? theirs : ours, into ? ours : theirs, n * element);
+    });
   };
   if (windows == 0) return;
   move(0, true);
