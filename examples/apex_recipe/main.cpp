@@ -182,21 +182,24 @@ int run(const Options& options) {
 int main(int argc, char** argv) {
   Options options;
   CLI::App app{"The Apex recipe in C++: SyncBatchNorm + bf16 autocast + GradScaler + DDP on Fashion-MNIST"};
-  app.add_option("--epochs", options.epochs, "passes over the training set")->check(CLI::Range(1, 1 << 20));
-  app.add_option("--batch-size", options.batch_size, "samples per step on each rank")->check(CLI::Range(1, 1 << 20));
+  // Every number through one checked parser, each rule once (command_line.h).
+  app.add_option("--epochs", options.epochs, "passes over the training set")->check(examples::epochs());
+  app.add_option("--batch-size", options.batch_size, "samples per step on each rank")->check(examples::batch_size());
   app.add_option("--lr", options.lr, "Adam learning rate")
       ->check(examples::finite_number(1e-9, 10, "must be a finite number from 1e-09 to 10"));
   app.add_option("--precision", options.precision, "bf16 (autocast + GradScaler) or fp32")
       ->check(CLI::IsMember({"bf16", "fp32"}));
-  app.add_option("--data-dir", options.data_dir, "folder with the Fashion-MNIST *-ubyte.gz files");
-  app.add_option("--limit-train", options.limit_train, "use only the first N training samples (0: all)");
+  app.add_option("--data-dir", options.data_dir, "folder with the Fashion-MNIST *-ubyte.gz files")
+      ->check(examples::fashion_mnist_directory());
+  app.add_option("--limit-train", options.limit_train, "use only the first N training samples (0: all)")
+      ->check(examples::limit_train());
   app.add_option("--checkpoint-dir", options.checkpoint_dir, "save checkpoints here and resume from the newest")
       ->check(examples::writable_directory());
-  app.add_option("--save-every", options.save_every, "epochs between checkpoints")->check(CLI::Range(1, 1 << 20));
+  app.add_option("--save-every", options.save_every, "epochs between checkpoints")->check(examples::epochs());
   app.add_option("--threads", options.threads, "torch threads per rank")->check(examples::thread_count());
   app.add_option("--timeout", options.timeout_s, "seconds a collective may wait for the other ranks (a dead or frozen rank)")
-      ->check(examples::finite_number(1, 86400 * 7, "must be a finite number of seconds from 1 to 604800"));
-  app.add_option("--seed", options.seed, "model initialization and shuffle seed");
+      ->check(examples::timeout_seconds());
+  app.add_option("--seed", options.seed, "model initialization and shuffle seed")->check(examples::seed());
   if (const auto exit_code = examples::parse_command_line(app, argc, argv)) return *exit_code;
   try {
     return run(options);

@@ -27,10 +27,7 @@ std::string hex(uint32_t value) {
 std::vector<uint8_t> read_gzip(const std::string& path) {
   gzFile file = gzopen(path.c_str(), "rb");
   if (file == nullptr) {
-    throw std::runtime_error("Fashion-MNIST: cannot open " + path +
-                             "; install Debian's dataset-fashion-mnist package (apt-get install "
-                             "dataset-fashion-mnist) or point the data directory (--data-dir) at a "
-                             "folder holding the four *-ubyte.gz files");
+    throw std::runtime_error("Fashion-MNIST: cannot open " + path + "; " + FashionMNIST::kWhereToGetIt);
   }
   std::vector<uint8_t> bytes;
   std::vector<uint8_t> chunk(1 << 20);

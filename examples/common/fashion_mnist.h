@@ -28,6 +28,11 @@ class FashionMNIST : public torch::data::datasets::Dataset<FashionMNIST> {
   static constexpr float kMean = 0.2860f;
   static constexpr float kStd = 0.3530f;
   static constexpr int64_t kClasses = 10;
+  static constexpr int64_t kTrainSamples = 60000;  // in the training split
+  // What to do when the files are missing.
+  static constexpr const char* kWhereToGetIt =
+      "install Debian's dataset-fashion-mnist package (apt-get install dataset-fashion-mnist) or point the data "
+      "directory (--data-dir) at a folder holding the four *-ubyte.gz files";
 
   explicit FashionMNIST(Split split, const std::string& data_dir = kDefaultDir);
 

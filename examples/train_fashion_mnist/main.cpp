@@ -11,10 +11,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -61,6 +63,7 @@ struct Options {
   int64_t powersgd_rank = 2;
   int64_t powersgd_start_iter = 10;
   bool zero = false;  // Adam's state sharded over the ranks (ZeroRedundancyOptimizer)
+  bool allow_nonfinite = false;  // keep training when the loss is NaN or infinite
 };
 
 
@@ -149,6 +152,19 @@ void register_comm_hook(ddp::DistributedDataParallel<Net>& model, const Options&
                                                       .matrix_approximation_rank(options.powersgd_rank)
                                                       .start_powerSGD_iter(options.powersgd_start_iter)));
   }
+}
+
+// A loss that is not a finite number (too high a learning rate diverges) would make this step's
+// update poison every parameter, on every rank once averaged: stop before it, unless told to go on.
+void check_finite_loss(double loss, const std::string& epoch_label, int64_t step, int rank, const Options& options) {
+  if (std::isfinite(loss) || options.allow_nonfinite) return;
+  const std::string value = std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf";
+  char lr[32];
+  std::snprintf(lr, sizeof(lr), "%g", options.lr);
+  throw std::runtime_error(epoch_label + ", step " + std::to_string(step) + " (rank " + std::to_string(rank) +
+                           "): the training loss is " + value +
+                           ", not a finite number, so training stopped before this step's update; try a lower --lr "
+                           "(this run's is " + lr + "), or pass --allow-nonfinite to keep going");
 }
 
 #ifdef TRAIN_HAS_CHECKPOINT
@@ -260,9 +276,13 @@ int run(const Options& options) {
     const std::string label = "epoch " + std::to_string(epoch + 1) + "/" + std::to_string(options.epochs);
     ddp::Metrics local;
     const auto start = std::chrono::steady_clock::now();
+    int64_t step = 0;  // in this epoch
     for (auto& batch : *loader) {
+      ++step;
       auto output = model.forward(batch.data);
       auto loss = F::cross_entropy(output, batch.target);
+      const double loss_value = loss.item<double>();
+      check_finite_loss(loss_value, label, step, rank, options);
       optimizer->zero_grad();
       loss.backward();  // averaged gradients arrive here
       {
@@ -270,7 +290,6 @@ int run(const Options& options) {
         optimizer->step();
       }
       const double n = static_cast<double>(batch.data.size(0));
-      const double loss_value = loss.item<double>();
       local.add("loss", loss_value * n, n);
       local.add("accuracy", output.argmax(1).eq(batch.target).sum().item<double>(), n);
       bar.update(sampler.state().consumed, label, loss_value);
@@ -308,24 +327,39 @@ int run(const Options& options) {
 
 int main(int argc, char** argv) {
   Options options;
-  const CLI::Validator positive = examples::positive();  // finite and > 0 (command_line.h)
+  // Every number through one checked parser, each rule once (command_line.h): a bad value exits 2
+  // naming the flag before any work, not once the ranks have met and the data is loaded.
   CLI::App app{"Train a small CNN on Fashion-MNIST with DistributedDataParallel (one process per rank)"};
-  app.add_option("--epochs", options.epochs, "passes over the training set")->check(positive);
-  app.add_option("--batch-size", options.batch_size, "samples per step on each rank")->check(positive);
-  app.add_option("--lr", options.lr, "Adam learning rate")->check(positive);
-  app.add_option("--bucket-cap-mb", options.bucket_cap_mb, "gradient bucket size in MiB")->check(positive);
+  app.add_option("--epochs", options.epochs, "passes over the training set")->check(examples::epochs());
+  app.add_option("--batch-size", options.batch_size, "samples per step on each rank")->check(examples::batch_size());
+  // Above 1e37 LibTorch's Adam fails at its first step ("cannot be converted to type float");
+  // below, a learning rate that diverges stops the job at its first non-finite loss.
+  app.add_option("--lr", options.lr, "Adam learning rate")
+      ->check(examples::finite_number(std::numeric_limits<double>::denorm_min(), 1e37,
+                                      "must be a finite number above 0 and at most 1e+37 (Adam's first step, 10 x lr, "
+                                      "must fit the parameters' 32-bit floats)"));
+  app.add_flag("--allow-nonfinite", options.allow_nonfinite,
+               "keep training when the loss is NaN or infinite (by default the job stops at that step, exit code 1)");
+  // DistributedDataParallel's own range for both caps (ddp_options.h).
+  const CLI::Validator bucket_cap = examples::finite_number(
+      0, 1e12, "must be a finite number of MiB from 0 to 1e+12 (a cap above the model's size already puts every "
+               "gradient in one bucket)");
+  app.add_option("--bucket-cap-mb", options.bucket_cap_mb, "gradient bucket size in MiB")->check(bucket_cap);
   app.add_option("--first-bucket-cap-mb", options.first_bucket_cap_mb,
-                 "size of the first bucket (the last layers' gradients) in MiB")->check(positive);
-  app.add_option("--backend", options.backend, "gloo, nccl or auto");
+                 "size of the first bucket (the last layers' gradients) in MiB")->check(bucket_cap);
+  app.add_option("--backend", options.backend, "gloo, nccl or auto")->check(CLI::IsMember({"gloo", "nccl", "auto"}));
   app.add_option("--init-method", options.init_method,
-                 "where the ranks meet: env:// (MASTER_ADDR/MASTER_PORT), tcp://host:port or file:///path");
-  app.add_option("--seed", options.seed, "model initialization and shuffle seed");
-  app.add_option("--data-dir", options.data_dir, "folder with the Fashion-MNIST *-ubyte.gz files");
+                 "where the ranks meet: env:// (MASTER_ADDR/MASTER_PORT), tcp://host:port or file:///path")
+      ->check(examples::init_method());
+  app.add_option("--seed", options.seed, "model initialization and shuffle seed")->check(examples::seed());
+  app.add_option("--data-dir", options.data_dir, "folder with the Fashion-MNIST *-ubyte.gz files")
+      ->check(examples::fashion_mnist_directory());
   app.add_option("--threads", options.threads, "torch threads per rank")->check(examples::thread_count());
   app.add_option("--timeout", options.timeout_s,
                  "seconds any rendezvous or collective may wait for the other ranks before the job fails (a dead or "
-                 "frozen rank)")->check(examples::finite_number(1, 86400 * 7, "must be a finite number of seconds from 1 to 604800"));
-  app.add_option("--limit-train", options.limit_train, "use only the first N training samples (0: all)");
+                 "frozen rank)")->check(examples::timeout_seconds());
+  app.add_option("--limit-train", options.limit_train, "use only the first N training samples (0: all)")
+      ->check(examples::limit_train());
   app.add_option("--checkpoint-dir", options.checkpoint_dir, "save a checkpoint each epoch and resume from the newest")
       ->check(examples::writable_directory());
   app.add_option("--run-id", options.run_id,
@@ -335,9 +369,10 @@ int main(int argc, char** argv) {
                "resume the newest checkpoint even if another run (another --run-id or launcher job) wrote it");
   app.add_option("--comm-hook", options.comm_hook, "how gradients are reduced: none, fp16, bf16 or powersgd")
       ->check(CLI::IsMember({"none", "fp16", "bf16", "powersgd"}));
-  app.add_option("--powersgd-rank", options.powersgd_rank, "PowerSGD's matrix_approximation_rank")->check(positive);
+  app.add_option("--powersgd-rank", options.powersgd_rank, "PowerSGD's matrix_approximation_rank")
+      ->check(examples::whole_number(1, 1 << 20));
   app.add_option("--powersgd-start-iter", options.powersgd_start_iter,
-                 "steps of plain allreduce before PowerSGD starts (> 1)")->check(CLI::Range(2, 1 << 30));
+                 "steps of plain allreduce before PowerSGD starts (> 1)")->check(examples::whole_number(2, 1 << 30));
   app.add_flag("--zero", options.zero,
                "shard Adam's state over the ranks (ZeroRedundancyOptimizer, ZeRO stage 1): the same updates, about "
                "1/world of the optimizer memory per rank");

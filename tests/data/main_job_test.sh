@@ -24,9 +24,12 @@
 #                                           the same for rank 0, which hosts the store
 #   main_job_test.sh frozen_store_host_at_start TRAIN
 #                                           rank 0 frozen while rank 1 joins: rank 1 ends naming it
-#   main_job_test.sh refusals TRAIN         bad flags (NaN, inf, too many threads, a checkpoint
-#                                           directory that cannot be one) exit 2 with the rule, before
-#                                           any training
+#   main_job_test.sh refusals TRAIN         bad flags (NaN, inf, out of range, not whole, too many
+#                                           threads, an unknown backend or init method, a data or
+#                                           checkpoint directory that cannot be one) exit 2 naming the
+#                                           flag and the rule, before the process group or the data
+#   main_job_test.sh nonfinite TRAIN        a loss that is not finite (--lr 1e20) stops the job at that
+#                                           step, exit 1, naming it and --lr; --allow-nonfinite goes on
 #   main_job_test.sh filestore TRAIN        2 ranks started by hand (RANK, WORLD_SIZE) meeting over
 #                                           --init-method file://: the Windows launch path (no launcher,
 #                                           no TCP store), run here on Linux
@@ -331,24 +334,61 @@ case $mode in
     dir=$(mktemp -d)
     trap 'rm -rf "$dir"' EXIT
     touch "$dir/a-file"
-    # refused ARGS... EXPECTED-REGEX: exit code 2, the rule on stderr, and no training started.
+    # refused ARGS... EXPECTED-REGEX: exit code 2, the rule on stderr, and nothing started: no
+    # process group (its "[torchddp]" line), no data loaded, no training.
     refused() {
       local expected=${*: -1}
       out=$(timeout 60 "$train" "${@:1:$#-1}" 2>&1)
       local code=$?
       [[ $code == 2 ]] || fail "'${*:1:$#-1}': exit code $code, expected 2"
       grep -Eq -- "$expected" <<<"$out" || fail "'${*:1:$#-1}': no '$expected'"
-      grep -q "train_fashion_mnist: world" <<<"$out" && fail "'${*:1:$#-1}': the job started"
+      grep -q "^\[torchddp\]\|train_fashion_mnist: world\|Fashion-MNIST" <<<"$out" && fail "'${*:1:$#-1}': the job started"
       echo "refused '${*:1:$#-1}': $(head -n1 <<<"$out")"
     }
     refused --timeout nan "^--timeout: must be a finite number of seconds from 1 to 604800, got 'nan'$"
-    refused --lr inf "^--lr: must be a finite number above 0, got 'inf'$"
-    refused --lr nan "^--lr: must be a finite number above 0, got 'nan'$"
+    lr_rule="must be a finite number above 0 and at most 1e\\+37 \\(Adam's first step, 10 x lr, must fit the parameters' 32-bit floats\\)"
+    refused --lr inf "^--lr: $lr_rule, got 'inf'$"
+    refused --lr nan "^--lr: $lr_rule, got 'nan'$"
+    refused --lr 1e308 "^--lr: $lr_rule, got '1e308'$"
     refused --threads 100000 "^--threads: must be a whole number from 1 to [0-9]+ \\(4 x the [0-9]+ CPUs this process may run on: more threads than CPUs only take turns\\), got '100000'$"
-    refused --epochs two "^--epochs: must be a finite number above 0, got 'two'$"
+    refused --threads 1.5 "^--threads: must be a whole number from 1 to [0-9]+ .*, got '1.5'$"
+    refused --epochs two "^--epochs: must be a whole number from 1 to 1048576, got 'two'$"
+    refused --epochs 1e3 "^--epochs: must be a whole number from 1 to 1048576, got '1e3'$"
+    refused --batch-size 99999999999999999999 "^--batch-size: must be a whole number from 1 to 1048576 \\(samples per rank\\), got '99999999999999999999'$"
+    # Numbers CLI11 alone took as something else: -1 and an overflow as "all", an overflow as seed -1.
+    refused --limit-train -1 "^--limit-train: must be a whole number from 0 to 60000 \\(0: all 60000 training samples\\), got '-1'$"
+    refused --limit-train 99999999999999999999 "^--limit-train: must be a whole number from 0 to 60000 \\(0: all 60000 training samples\\), got '99999999999999999999'$"
+    refused --seed 99999999999999999999 "^--seed: must be a whole number from -9223372036854775808 to 9223372036854775807, got '99999999999999999999'$"
+    # Values the library refused only once the job had started (exit code 1, not naming the flag).
+    cap_rule="must be a finite number of MiB from 0 to 1e\\+12 \\(a cap above the model's size already puts every gradient in one bucket\\)"
+    refused --bucket-cap-mb 1e30 "^--bucket-cap-mb: $cap_rule, got '1e30'$"
+    refused --first-bucket-cap-mb nan "^--first-bucket-cap-mb: $cap_rule, got 'nan'$"
+    refused --backend xyz "^--backend: xyz not in \\{gloo,nccl,auto\\}$"
+    init_rule="must be env://, tcp://HOST:PORT \\(a port from 1 to 65535\\) or file:///PATH"
+    refused --init-method foo:// "^--init-method: $init_rule, got 'foo://'$"
+    refused --init-method tcp://host:99999 "^--init-method: $init_rule, got 'tcp://host:99999'$"
+    refused --data-dir /nonexistent "^--data-dir: cannot read '/nonexistent/train-images-idx3-ubyte.gz' \\(No such file or directory\\); install Debian's dataset-fashion-mnist package"
+    refused --powersgd-rank 1e30 "^--powersgd-rank: must be a whole number from 1 to 1048576, got '1e30'$"
+    refused --powersgd-start-iter nan "^--powersgd-start-iter: must be a whole number from 2 to 1073741824, got 'nan'$"
     refused --no-such-flag "The following argument was not expected: --no-such-flag"
     refused --checkpoint-dir "$dir/a-file" "^--checkpoint-dir: '$dir/a-file' exists and is not a directory: name a directory for the checkpoints$"
     refused --checkpoint-dir "$dir/a-file/sub" "^--checkpoint-dir: cannot create the directory '$dir/a-file/sub': Not a directory"
+    ;;
+
+  nonfinite)
+    # Adam at --lr 1e20 makes the loss NaN within a few steps: the job stops at the first, before
+    # that step's update, instead of training to NaN and exiting 0.
+    train=$1
+    out=$(timeout 120 "$train" --epochs 2 "${small[@]}" --lr 1e20 2>&1)
+    code=$?
+    [[ $code == 1 ]] || fail "--lr 1e20: exit code $code, expected 1"
+    grep -Eq "^train_fashion_mnist: error: epoch 1/2, step [0-9]+ \(rank 0\): the training loss is (nan|inf|-inf), not a finite number, so training stopped before this step's update; try a lower --lr \(this run's is 1e\+20\), or pass --allow-nonfinite to keep going$" <<<"$out" ||
+      fail "--lr 1e20: no error naming the step, the loss and --lr"
+    grep -q "^epoch 1/2:" <<<"$out" && fail "--lr 1e20: the epoch went on after the loss stopped being finite"
+    grep -m1 "error:" <<<"$out"
+    out=$(timeout 120 "$train" --epochs 1 "${small[@]}" --lr 1e20 --allow-nonfinite 2>&1) || fail "--allow-nonfinite: exit code $?"
+    grep -Eq "^epoch 1/1: train loss -?nan " <<<"$out" || fail "--allow-nonfinite: no epoch line with a NaN loss"
+    grep "^epoch" <<<"$out"
     ;;
 
   filestore)
@@ -405,7 +445,7 @@ case $mode in
     ;;
 
   *)
-    echo "usage: $0 ddprun2|ddprun3 DDPRUN TRAIN | progress TRAIN | resume TRAIN | refusals TRAIN | filestore TRAIN | identity DDPRUN TRAIN"
+    echo "usage: $0 ddprun2|ddprun3 DDPRUN TRAIN | progress TRAIN | resume TRAIN | refusals TRAIN | nonfinite TRAIN | filestore TRAIN | identity DDPRUN TRAIN"
     exit 2
     ;;
 esac
