@@ -2,8 +2,10 @@
 // one written, not that it was written by us: a file altered and re-sealed, or simply made by
 // someone else, reaches LibTorch's zip reader, unpickler and TorchScript compiler, which trust
 // their input (issue 17: segfaults in the type parser, assertion failures). So before LibTorch
-// reads an archive: (1) the zip directory is read here, for each record's size; (2) code, which a
-// TorchScript archive carries and LibTorch compiles, must be the class declarations
+// reads an archive: (1) the zip directory is read here, for each record's size and whether it is
+// compressed (only where a writer compresses: TorchScript's code); (2) code, which a TorchScript
+// archive carries and LibTorch compiles, is inflated one record at a time, each only if its size
+// fits what the archive may inflate, and must be the class declarations
 // torch::serialize::OutputArchive writes, line by line; (3) every pickle passes check_pickle,
 // tensors checked against the sizes of their records; (4) a TorchScript archive is rebuilt from
 // just those checked records, so nothing unchecked (debug records) is read.
@@ -22,21 +24,36 @@
 namespace ddp {
 namespace {
 
-uint64_t little_endian(const std::vector<char>& zip, std::size_t at, std::size_t bytes) {
+uint64_t little_endian(const ZipBytes& zip, uint64_t at, std::size_t bytes) {
   if (at > zip.size() || zip.size() - at < bytes) throw PickleError("the zip directory points past the end of the archive");
+  unsigned char field[8] = {};
+  zip.copy(at, bytes, reinterpret_cast<char*>(field));
   uint64_t value = 0;
-  for (std::size_t i = 0; i < bytes; ++i) value |= static_cast<uint64_t>(static_cast<unsigned char>(zip[at + i])) << (8 * i);
+  for (std::size_t i = 0; i < bytes; ++i) value |= static_cast<uint64_t>(field[i]) << (8 * i);
   return value;
 }
 
-bool lies_inside(const std::vector<char>& zip, uint64_t at, uint64_t length) {
+bool lies_inside(const ZipBytes& zip, uint64_t at, uint64_t length) {
   return at <= zip.size() && length <= zip.size() - at;
 }
 
-bool signature_at(const std::vector<char>& zip, std::size_t at, char kind_a, char kind_b) {
-  return at <= zip.size() && zip.size() - at >= 4 && zip[at] == 'P' && zip[at + 1] == 'K' && zip[at + 2] == kind_a &&
-         zip[at + 3] == kind_b;
+bool signature_at(const ZipBytes& zip, uint64_t at, char kind_a, char kind_b) {
+  if (!lies_inside(zip, at, 4)) return false;
+  char signature[4];
+  zip.copy(at, 4, signature);
+  return signature[0] == 'P' && signature[1] == 'K' && signature[2] == kind_a && signature[3] == kind_b;
 }
+
+// An archive already in memory.
+class VectorBytes : public ZipBytes {
+ public:
+  explicit VectorBytes(const std::vector<char>& bytes) : bytes_(bytes) {}
+  uint64_t size() const override { return bytes_.size(); }
+  void copy(uint64_t at, std::size_t n, char* out) const override { std::memcpy(out, bytes_.data() + at, n); }
+
+ private:
+  const std::vector<char>& bytes_;
+};
 
 // LibTorch's MemoryReadAdapter copies whatever range it is asked for; this one stops at the end.
 class BoundedReadAdapter : public caffe2::serialize::ReadAdapterInterface {
@@ -144,7 +161,7 @@ void check_code(const std::string& name, const std::string& code, const std::set
 
 // --- (3) pickles ---------------------------------------------------------------------------------------
 void check_pickle_record(caffe2::serialize::PyTorchStreamReader& reader, const std::string& name,
-                         const std::map<std::string, uint64_t>& records, const std::string& tensor_prefix,
+                         const ZipRecords& records, const std::string& tensor_prefix,
                          const std::set<std::string>& classes) {
   if (!records.count(name)) throw PickleError("the archive has no record " + name);
   auto [data, size] = reader.getRecord(name);
@@ -152,7 +169,7 @@ void check_pickle_record(caffe2::serialize::PyTorchStreamReader& reader, const s
   rules.classes = classes;
   rules.storage_size = [&](const std::string& key) -> std::optional<uint64_t> {
     auto found = records.find(tensor_prefix + key);
-    return found == records.end() ? std::nullopt : std::optional<uint64_t>(found->second);
+    return found == records.end() ? std::nullopt : std::optional<uint64_t>(found->second.size);
   };
   try {
     check_pickle(std::string_view(static_cast<const char*>(data.get()), size), rules);
@@ -180,7 +197,7 @@ struct Directory {
 // each part where the one after it says, on disk 0 of 1, with the same counts in every record.
 // Anything else is refused, with the field named: an edit there is accepted by some zip
 // readers and not by others (issue 28).
-Directory locate_directory(const std::vector<char>& zip) {
+Directory locate_directory(const ZipBytes& zip) {
   const uint64_t total = zip.size();
   // The EOCD closes the archive, without a comment: so every writer of ours and torch.save leave
   // it, and where it is, miniz finds it too.
@@ -217,7 +234,7 @@ Directory locate_directory(const std::vector<char>& zip) {
       throw PickleError("the ZIP64 locator names disk " + std::to_string(little_endian(zip, locator + 4, 4)) + " of " +
                         std::to_string(little_endian(zip, locator + 16, 4)) + " (a checkpoint is one file: disk 0 of 1)");
     }
-    if (zip64 >= locator || locator - zip64 < 56 || !signature_at(zip, static_cast<std::size_t>(zip64), 6, 6)) {
+    if (zip64 >= locator || locator - zip64 < 56 || !signature_at(zip, zip64, 6, 6)) {
       throw PickleError("the zip archive's ZIP64 directory record is missing");
     }
     const uint64_t record_size = little_endian(zip, zip64 + 4, 8) + 12;  // its size field leaves out 12 bytes
@@ -244,21 +261,27 @@ Directory locate_directory(const std::vector<char>& zip) {
   return directory;
 }
 
+// Where a writer compresses: torch::serialize (TorchScript) deflates its code and debug records;
+// the tensors and pickles of every archive, and every record of torch.save's, are stored.
+bool may_be_deflated(const std::string& name, ArchiveKind kind) {
+  return kind == ArchiveKind::kScript && starts_with(name, "code/");
+}
+
 }  // namespace
 
-std::map<std::string, uint64_t> archive_records(const std::vector<char>& zip) {
+ZipRecords archive_records(const ZipBytes& zip, ArchiveKind kind) {
   // Every range LibTorch's zip reader (miniz, through adapters that do not check bounds) will read
   // is checked to lie inside the archive, with sums that cannot overflow.
   auto inside = [&](uint64_t at, uint64_t length) { return lies_inside(zip, at, length); };
   const Directory found = locate_directory(zip);
   const uint64_t entries = found.entries, directory = found.offset, directory_size = found.size;
-  std::map<std::string, uint64_t> records;
+  ZipRecords records;
   std::string prefix;  // every name starts with the archive's folder ("archive/"), which LibTorch drops
   uint64_t at = directory;
   const uint64_t directory_end = directory + directory_size;
   for (uint64_t i = 0; i < entries; ++i) {
     const std::string entry = "zip directory entry " + std::to_string(i);
-    if (at > directory_end || directory_end - at < 46 || !signature_at(zip, static_cast<std::size_t>(at), 1, 2)) {
+    if (at > directory_end || directory_end - at < 46 || !signature_at(zip, at, 1, 2)) {
       throw PickleError("the " + entry + " is damaged");
     }
     const uint64_t method = little_endian(zip, at + 10, 2);
@@ -269,7 +292,8 @@ std::map<std::string, uint64_t> archive_records(const std::vector<char>& zip) {
     const uint64_t comment_size = little_endian(zip, at + 32, 2);
     uint64_t local = little_endian(zip, at + 42, 4);
     if (directory_end - at - 46 < name_size + extra_size + comment_size) throw PickleError("the " + entry + " is cut short");
-    const std::string name(zip.data() + at + 46, static_cast<std::size_t>(name_size));
+    std::string name(static_cast<std::size_t>(name_size), '\0');
+    zip.copy(at + 46, name.size(), name.data());
     // ZIP64: the fields that read 0xffffffff follow in the extra block 0x0001, in this order.
     for (uint64_t field = at + 46 + name_size, end = field + extra_size; field + 4 <= end;) {
       const uint64_t id = little_endian(zip, field, 2), length = little_endian(zip, field + 2, 2);
@@ -283,18 +307,22 @@ std::map<std::string, uint64_t> archive_records(const std::vector<char>& zip) {
       }
       field += 4 + length;
     }
-    // Stored, or deflated (TorchScript code is) to a size a zip reader can allocate; the data
-    // inside the archive.
-    const bool stored = method == 0 && compressed == size, deflated = method == 8 && size <= (uint64_t{1} << 30);
-    if (!stored && !deflated) throw PickleError("record " + name + " is stored in a way no checkpoint is");
-    if (!inside(local, 30) || !signature_at(zip, static_cast<std::size_t>(local), 3, 4)) {
-      throw PickleError("record " + name + " has no header where the directory says");
-    }
-    const uint64_t data = local + 30 + little_endian(zip, local + 26, 2) + little_endian(zip, local + 28, 2);
-    if (!inside(data, compressed)) throw PickleError("record " + name + " runs past the end of the archive");
     if (i == 0) prefix = name.substr(0, name.find('/') + 1);
     if (prefix.empty() || !starts_with(name, prefix)) throw PickleError("the zip archive's records are not in one folder");
-    if (!records.emplace(name.substr(prefix.size()), size).second) throw PickleError("the zip archive holds " + name + " twice");
+    const std::string record = name.substr(prefix.size());
+    // Stored, or deflated where a writer deflates (its inflated size is checked against the
+    // archive's budget before anything inflates it: inflated_budget); the data inside the archive.
+    const bool stored = method == 0 && compressed == size, deflated = method == 8;
+    if (deflated && !may_be_deflated(record, kind)) {
+      throw PickleError("record " + record + " is compressed, where no checkpoint writer (nor torch.save) compresses");
+    }
+    if (!stored && !deflated) throw PickleError("record " + record + " is stored in a way no checkpoint is");
+    if (!inside(local, 30) || !signature_at(zip, local, 3, 4)) {
+      throw PickleError("record " + record + " has no header where the directory says");
+    }
+    const uint64_t data = local + 30 + little_endian(zip, local + 26, 2) + little_endian(zip, local + 28, 2);
+    if (!inside(data, compressed)) throw PickleError("record " + record + " runs past the end of the archive");
+    if (!records.emplace(record, ZipRecord{size, deflated}).second) throw PickleError("the zip archive holds " + name + " twice");
     at += 46 + name_size + extra_size + comment_size;
   }
   if (at != directory_end) {  // the rest would be entries only some readers see
@@ -304,38 +332,74 @@ std::map<std::string, uint64_t> archive_records(const std::vector<char>& zip) {
   return records;
 }
 
+ZipRecords archive_records(const std::vector<char>& zip, ArchiveKind kind) { return archive_records(VectorBytes(zip), kind); }
+
 void check_plain_archive(const std::vector<char>& zip) {
-  const auto records = archive_records(zip);
+  const auto records = archive_records(zip, ArchiveKind::kPlain);
   auto reader = reader_of(zip);
   check_pickle_record(reader, "data.pkl", records, "data/", {});
 }
 
+namespace {
+
+// What an archive may inflate in all: a multiple of its own size, so a small file cannot claim
+// gigabytes, and never more than a fixed cap. Code, the only thing deflated, is a small part of
+// an archive whose tensors are stored.
+constexpr uint64_t kInflatedPerArchiveByte = 32;
+constexpr uint64_t kInflatedCap = uint64_t{256} << 20;
+
+// Charges a deflated record's size to `budget` before it is inflated (the zip reader allocates
+// the size the directory gives, then inflates into it).
+void charge_inflated(const std::string& name, const ZipRecord& record, uint64_t archive_size, uint64_t& budget) {
+  if (record.size > budget) {
+    throw PickleError("record " + name + " would inflate to " + std::to_string(record.size) + " bytes, more than the " +
+                      std::to_string(budget) + " left of what this archive may inflate (" +
+                      std::to_string(kInflatedPerArchiveByte) + " times its " + std::to_string(archive_size) +
+                      " bytes, at most " + std::to_string(kInflatedCap >> 20) + " MiB)");
+  }
+  budget -= record.size;
+}
+
+std::string record_text(caffe2::serialize::PyTorchStreamReader& reader, const std::string& name) {
+  auto [data, size] = reader.getRecord(name);
+  return std::string(static_cast<const char*>(data.get()), size);
+}
+
+}  // namespace
+
 std::vector<char> checked_script_archive(const std::vector<char>& zip) {
-  const auto records = archive_records(zip);
+  const auto records = archive_records(zip, ArchiveKind::kScript);
   auto reader = reader_of(zip);
-  // (2) The classes first (the pickles may name them), then each file's declarations.
-  std::map<std::string, std::string> code;
+  // (2) The classes first, by file name (the code and pickles may name them), then each file read
+  // and checked in turn: nothing is inflated before its size fits the budget.
   std::set<std::string> classes;
-  for (const auto& [name, size] : records) {
+  for (const auto& [name, record] : records) {
     if (!starts_with(name, "code/") || ends_with(name, ".debug_pkl")) continue;
     const std::string qualified = class_of_code_file(name);
     if (qualified.empty()) throw PickleError("record " + name + ": code in a file torch::serialize never writes");
-    auto [data, data_size] = reader.getRecord(name);
-    code[name] = std::string(static_cast<const char*>(data.get()), data_size);
     classes.insert(qualified);
   }
-  for (const auto& [name, text] : code) check_code(name, text, classes);
+  uint64_t budget = std::min(kInflatedCap, kInflatedPerArchiveByte * zip.size());
+  std::map<std::string, std::string> code;
+  for (const auto& [name, record] : records) {
+    if (!starts_with(name, "code/") || ends_with(name, ".debug_pkl")) continue;
+    charge_inflated(name, record, zip.size(), budget);
+    std::string text = record_text(reader, name);
+    check_code(name, text, classes);
+    code.emplace(name, std::move(text));
+  }
   // (3)
   check_pickle_record(reader, "data.pkl", records, "data/", classes);
   check_pickle_record(reader, "constants.pkl", records, "constants/", classes);
-  // (4) Code, pickles and tensors; the writer adds its own version records.
+  // (4) Code (as checked), pickles and tensors; the writer adds its own version records.
   std::vector<char> out;
   caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t n) {
     out.insert(out.end(), static_cast<const char*>(bytes), static_cast<const char*>(bytes) + n);
     return n;
   });
-  for (const auto& [name, size] : records) {
-    const bool keep = code.count(name) || name == "data.pkl" || name == "constants.pkl" || starts_with(name, "data/") ||
+  for (const auto& [name, text] : code) writer.writeRecord(name, text.data(), text.size());
+  for (const auto& [name, record] : records) {
+    const bool keep = name == "data.pkl" || name == "constants.pkl" || starts_with(name, "data/") ||
                       starts_with(name, "constants/");
     if (!keep) continue;
     auto [data, data_size] = reader.getRecord(name);

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <map>
 #include <filesystem>
 #include <regex>
 #include <typeinfo>
@@ -18,8 +19,9 @@
 #include <ddp/atomic_file.h>
 
 #include "archive_check.h"
-#include "error_text.h"
+#include "error_line.h"
 #include "optimizer_placement.h"
+#include "tensor_check.h"
 
 namespace ddp {
 namespace {
@@ -399,15 +401,31 @@ void read_training_record(const std::vector<char>& zip, const std::string& path,
       saved.state_ranks = read_int(archive, "state_ranks");
     }
   } catch (const std::exception& error) {
-    throw CheckpointError("cannot read the training state in " + path + ": " + error_text(error));
+    throw CheckpointError("cannot read the training state in " + path + ": " + error_line(error));
   }
+}
+
+// A parameter's name in the models being loaded ("net1.weight", "net1.weight of the model
+// \"generator\""), for errors about its optimizer state.
+using ParameterNames = std::function<std::string(const at::Tensor&)>;
+ParameterNames parameter_names(const LoadedContents& contents) {
+  std::map<const void*, std::string> names;
+  for (const auto& [model, module] : contents.models) {
+    for (const auto& item : module->named_parameters(/*recurse=*/true)) {
+      names.emplace(item.value().unsafeGetTensorImpl(), item.key() + (model.empty() ? "" : " of the model \"" + model + "\""));
+    }
+  }
+  return [names](const at::Tensor& param) {
+    const auto found = names.find(param.unsafeGetTensorImpl());
+    return found != names.end() ? found->second : "of shape " + shape_of(param) + " (in none of the models loaded)";
+  };
 }
 
 // Loads the optimizer state saved as `saved` (record `record`) into `optimizer`. `where` is "" for
 // a single-model file, " under \"<name>\"" for a named one.
 void load_optimizer(const std::vector<char>& zip, const std::string& path, const SavedOptimizer& saved,
                     const std::string& record, const std::string& where, torch::optim::Optimizer& optimizer,
-                    const LoadOptions& options) {
+                    const LoadOptions& options, const ParameterNames& name_of) {
   if (saved.type != optimizer_type(optimizer)) {
     throw CheckpointError("checkpoint " + path + " holds " + saved.type + " state" + where + ", the optimizer is " +
                           optimizer_type(optimizer));
@@ -418,14 +436,14 @@ void load_optimizer(const std::vector<char>& zip, const std::string& path, const
   try {
     checked = checked_script_archive(std::vector<char>(bytes->begin(), bytes->end()));
   } catch (const std::exception& error) {
-    throw CheckpointError("cannot read the optimizer state" + where + " in " + path + ": " + error_text(error));
+    throw CheckpointError("cannot read the optimizer state" + where + " in " + path + ": " + error_line(error));
   }
   c10::Device device = at::kCPU;
   try {  // the device string comes from the file
     device = options.map_location().device_for(saved.device);
   } catch (const std::exception& error) {
     throw CheckpointError("cannot place the optimizer state" + where + " from " + path + " (saved on " + saved.device +
-                          ") where map_location puts it: " + error_text(error));
+                          ") where map_location puts it: " + error_line(error));
   }
   try {
     torch::serialize::InputArchive optimizer_archive;
@@ -435,14 +453,19 @@ void load_optimizer(const std::vector<char>& zip, const std::string& path, const
     throw;
   } catch (const std::exception& error) {
     throw CheckpointError("the optimizer state" + where + " in " + path + " does not fit the optimizer: " +
-                          error_text(error));
+                          error_line(error));
   }
   try {
     // Read onto one device above; each parameter's state now joins its parameter.
     place_state_with_parameters(optimizer);
   } catch (const std::exception& error) {
     throw CheckpointError("cannot move the optimizer state" + where + " in " + path + " to its parameters' devices: " +
-                          error_text(error));
+                          error_line(error));
+  }
+  try {  // what LibTorch would meet only at the next step(), or train on to NaN
+    check_state_fits_parameters(optimizer, name_of);
+  } catch (const std::invalid_argument& error) {
+    throw CheckpointError("the optimizer state" + where + " in " + path + " is refused: " + error.what());
   }
 }
 
@@ -474,6 +497,7 @@ void load_contents(const std::vector<char>& zip, const std::string& path, const 
       load_state_dict(*module, found->second, options.strict(), "checkpoint " + path + " (model \"" + name + "\")");
     }
   }
+  const ParameterNames name_of = parameter_names(contents);
   for (const auto& named_optimizer : contents.optimizers) {
     const std::string& name = named_optimizer.first;
     const auto& optimizer = named_optimizer.second;
@@ -488,7 +512,7 @@ void load_contents(const std::vector<char>& zip, const std::string& path, const 
     }
     const size_t index = found - saved.optimizers.begin();
     load_optimizer(zip, path, *found, optimizer_record(contents.layout, index),
-                   contents.layout == Layout::kOneModel ? "" : " under \"" + name + "\"", *optimizer, options);
+                   contents.layout == Layout::kOneModel ? "" : " under \"" + name + "\"", *optimizer, options, name_of);
   }
 }
 
@@ -542,7 +566,7 @@ void save_contents(const std::string& path, const SavedContents& contents, const
       write_checkpoint_file(path, contents, state, world_size, rng, state_names, states);
       if (options.keep_last() > 0) keep_newest(path, options.prefix(), options.keep_last());
     } catch (const std::exception& error) {
-      failure = error_text(error);
+      failure = error_line(error);
     }
   }
   if (group) {
@@ -580,7 +604,7 @@ TrainingState load_contents(const std::string& path, const LoadedContents& conte
       saved.archive.read(state_key(found - saved.state_names.begin(), from_rank), bytes, /*is_buffer=*/true);
       entry.state->load_state_dict(unpickled(bytes));
     } catch (const std::exception& error) {
-      throw CheckpointError("cannot restore the state \"" + entry.name + "\" from " + path + ": " + error_text(error));
+      throw CheckpointError("cannot restore the state \"" + entry.name + "\" from " + path + ": " + error_line(error));
     }
   }
 
@@ -593,7 +617,7 @@ TrainingState load_contents(const std::string& path, const LoadedContents& conte
         restore_rng_state(cpu_state, cuda_state);
       } catch (const std::exception& error) {
         throw CheckpointError("cannot restore the RNG state of rank " + std::to_string(rank) + " from " + path + ": " +
-                              error_text(error));
+                              error_line(error));
       }
     }
   }

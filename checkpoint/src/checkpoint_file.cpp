@@ -4,6 +4,7 @@
 #include <ddp/checkpoint_file.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -19,8 +20,9 @@
 #include <zlib.h>
 
 #include "archive_check.h"
-#include "error_text.h"
+#include "error_line.h"
 #include "pickle_check.h"
+#include "tensor_check.h"
 
 namespace ddp {
 namespace {
@@ -34,8 +36,8 @@ constexpr char kTrailerPrefix[] = "torchddp-checkpoint v1 bytes=";
 constexpr char kTrailerFormat[] = "torchddp-checkpoint v1 bytes=%016" PRIx64 " crc32=%08" PRIx32 "\n";
 constexpr std::size_t kTrailerSize = sizeof(kTrailerPrefix) - 1 + 16 + 7 + 8 + 1;
 
-uint32_t crc32_of(const char* data, std::size_t size) {
-  uLong crc = crc32(0L, Z_NULL, 0);
+uint32_t crc32_of(const char* data, std::size_t size, uint32_t running = 0) {
+  uLong crc = running;
   while (size > 0) {  // zlib takes uInt lengths
     const uInt chunk = static_cast<uInt>(std::min<std::size_t>(size, 1u << 30));
     crc = crc32(crc, reinterpret_cast<const Bytef*>(data), chunk);
@@ -45,10 +47,12 @@ uint32_t crc32_of(const char* data, std::size_t size) {
   return static_cast<uint32_t>(crc);
 }
 
-bool ends_with_plain_eocd(const std::vector<char>& bytes) {
-  if (bytes.size() < kEocdSize) return false;
-  const char* eocd = bytes.data() + bytes.size() - kEocdSize;
+bool is_plain_eocd(const char* eocd) {
   return std::memcmp(eocd, kEocdSignature, 4) == 0 && eocd[20] == 0 && eocd[21] == 0;
+}
+
+bool ends_with_plain_eocd(const std::vector<char>& bytes) {
+  return bytes.size() >= kEocdSize && is_plain_eocd(bytes.data() + bytes.size() - kEocdSize);
 }
 
 // "68 65 6c 6c" for the bytes "hell".
@@ -162,7 +166,7 @@ std::optional<std::vector<char>> with_plain_dict(const std::vector<char>& zip) {
 // structure is checked before any LibTorch reader gets it (archive_check.h).
 std::vector<char> sound_archive(std::vector<char> bytes, const std::string& path) {
   try {
-    archive_records(bytes);
+    archive_records(bytes, ArchiveKind::kPlain);
   } catch (const PickleError& error) {
     throw CheckpointError(path + " is not a sound zip archive: " + error.what());
   }
@@ -239,7 +243,7 @@ c10::impl::GenericDict root_of(const std::vector<char>& zip, const std::string& 
     root = torch::jit::pickle_load(archive);
     if (rewritten && root.isGenericDict()) (void)root.toGenericDict().erase(kHookKey);  // 2.x marks erase nodiscard
   } catch (const std::exception& error) {
-    throw CheckpointError("cannot read the model state in " + path + ": " + error_text(error));
+    throw CheckpointError("cannot read the model state in " + path + ": " + error_line(error));
   }
   if (!root.isGenericDict()) {
     throw CheckpointError(path + " does not hold a state_dict: its root object is a " + root.tagKind() +
@@ -259,13 +263,17 @@ StateDict placed_state_dict(const c10::impl::GenericDict& dict, const std::map<s
     }
     const std::string& name = item.key().toStringRef();
     const at::Tensor& tensor = item.value().toTensor();
+    if (const auto value = non_finite(tensor)) {  // a model trained on to NaN (or a damaged file) would train on so
+      throw CheckpointError(what + " holds " + *value + " in " + name + " (a run that diverged, or a damaged file): "
+                            "it is not loaded");
+    }
     auto saved = saved_devices.find(name);
     const std::string from = saved == saved_devices.end() ? tensor.device().str() : saved->second;
     try {
       state.insert(name, tensor.to(map_location.device_for(from)));
     } catch (const std::exception& error) {  // a device this build lacks, or a name that is no device
       throw CheckpointError("cannot place " + name + " from " + path + " (saved on " + from +
-                            ") where map_location puts it: " + error_text(error));
+                            ") where map_location puts it: " + error_line(error));
     }
   }
   return state;
@@ -280,6 +288,154 @@ std::optional<std::string> nested_names(const c10::impl::GenericDict& root) {
     names += (names.empty() ? "" : ", ") + item.key().toStringRef();
   }
   return names;
+}
+
+// --- reading a file by range, before it is read whole ----------------------------------------------
+// An open file read by range; reading it whole is refused with an error, not std::bad_alloc, when
+// it does not fit in memory.
+class OpenFile {
+ public:
+  explicit OpenFile(const std::string& path) : in_(path, std::ios::binary) {
+    if (!in_) throw CheckpointError("cannot open checkpoint " + path + ": " + std::strerror(errno));
+    in_.seekg(0, std::ios::end);
+    size_ = static_cast<uint64_t>(in_.tellg());
+  }
+  uint64_t size() const { return size_; }
+  // [at, at + n), which lies inside the file.
+  void copy(uint64_t at, std::size_t n, char* out) const {
+    in_.clear();
+    in_.seekg(static_cast<std::streamoff>(at));
+    in_.read(out, static_cast<std::streamsize>(n));
+    if (static_cast<std::size_t>(in_.gcount()) != n) std::memset(out, 0, n);  // cut meanwhile: read as zeros, refused later
+  }
+  std::string bytes(uint64_t at, std::size_t n) const {
+    std::string text(n, '\0');
+    copy(at, n, text.data());
+    return text;
+  }
+  // CRC-32 of the first `end` bytes, a chunk at a time.
+  uint32_t crc32_to(uint64_t end) const {
+    std::vector<char> chunk(std::size_t{1} << 20);
+    uint32_t crc = 0;
+    for (uint64_t at = 0; at < end; at += chunk.size()) {
+      const std::size_t n = static_cast<std::size_t>(std::min<uint64_t>(chunk.size(), end - at));
+      copy(at, n, chunk.data());
+      crc = crc32_of(chunk.data(), n, crc);
+    }
+    return crc;
+  }
+  std::vector<char> read_whole(const std::string& path) const {
+    std::vector<char> bytes;
+    try {
+      bytes.resize(static_cast<std::size_t>(size_));
+    } catch (const std::exception&) {  // std::bad_alloc, std::length_error
+      throw CheckpointError("cannot read checkpoint " + path + ": its " + std::to_string(size_) +
+                            " bytes do not fit in this process's memory");
+    }
+    in_.clear();
+    in_.seekg(0);
+    in_.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    if (in_.bad()) throw CheckpointError("cannot read checkpoint " + path);
+    bytes.resize(static_cast<std::size_t>(in_.gcount()));
+    return bytes;
+  }
+
+ private:
+  mutable std::ifstream in_;
+  uint64_t size_ = 0;
+};
+
+// The zip archive in a file, as read_checkpoint_file hands it on: the bytes before the trailer,
+// the directory record's comment length (the trailer's) read as 0.
+class ArchiveView : public ZipBytes {
+ public:
+  ArchiveView(const OpenFile& file, uint64_t end, bool sealed) : file_(file), end_(end), sealed_(sealed) {}
+  uint64_t size() const override { return end_; }
+  void copy(uint64_t at, std::size_t n, char* out) const override {
+    file_.copy(at, n, out);
+    for (uint64_t byte = std::max(at, end_ - 2); sealed_ && byte < at + n; ++byte) out[byte - at] = 0;
+  }
+
+ private:
+  const OpenFile& file_;
+  uint64_t end_;
+  bool sealed_;
+};
+
+struct Trailer {
+  uint64_t size = 0;  // the bytes before it, as recorded
+  uint32_t crc = 0;
+};
+
+// Where the archive ends in the file, and the trailer after it (none in a plain PyTorch file).
+struct FileLayout {
+  uint64_t payload = 0;
+  std::optional<Trailer> trailer;
+};
+
+FileLayout layout_of(const OpenFile& file, const std::string& path, bool allow_plain) {
+  const uint64_t size = file.size();
+  const std::string trailer = size >= kTrailerSize + kEocdSize ? file.bytes(size - kTrailerSize, kTrailerSize) : "";
+  if (trailer.compare(0, sizeof(kTrailerPrefix) - 1, kTrailerPrefix) != 0) {
+    // Without one: not a checkpoint at all (every checkpoint, even a cut one, starts as a zip
+    // archive does), a plain PyTorch file, or a cut write.
+    const std::string head = file.bytes(0, static_cast<std::size_t>(std::min<uint64_t>(size, sizeof(kZipSignature))));
+    if (!head.empty() && std::memcmp(head.data(), kZipSignature, head.size()) != 0) {
+      throw CheckpointError(path + " is not a torchddp checkpoint: it is not a zip archive (its first bytes are " +
+                            hex_bytes(head.data(), head.size()) + ", a checkpoint's are 50 4b 03 04)");
+    }
+    if (size >= kEocdSize && is_plain_eocd(file.bytes(size - kEocdSize, kEocdSize).data())) {
+      if (allow_plain) return FileLayout{size, std::nullopt};
+      throw CheckpointError(path + " is a plain PyTorch file without a torchddp checkpoint trailer "
+                            "(written by torch.save?); read it with ddp::load_state_dict(path)");
+    }
+    // The trailer is the last thing written; without it the write never finished.
+    throw CheckpointError("checkpoint " + path + " is truncated at byte " + std::to_string(size) +
+                          ": its end-of-checkpoint trailer is missing (an interrupted write or a cut copy)");
+  }
+  Trailer parsed;
+  if (std::sscanf(trailer.c_str(), "torchddp-checkpoint v1 bytes=%16" SCNx64 " crc32=%8" SCNx32, &parsed.size,
+                  &parsed.crc) != 2 ||
+      trailer.back() != '\n') {
+    throw CheckpointError("checksum mismatch in " + path + ": its trailer is damaged");
+  }
+  const uint64_t payload = size - kTrailerSize;
+  if (parsed.size != payload) {
+    throw CheckpointError("checksum mismatch in " + path + ": trailer records " + std::to_string(parsed.size) +
+                          " bytes before it, the file has " + std::to_string(payload));
+  }
+  return FileLayout{payload, parsed};
+}
+
+// Reads the file through once for its checksum: a fault found before reading it whole is named as
+// corruption when the checksum disagrees.
+void check_checksum(const OpenFile& file, const Trailer& trailer, const std::string& path) {
+  const uint32_t actual_crc = file.crc32_to(trailer.size);
+  if (actual_crc != trailer.crc) {
+    throw CheckpointError("checksum mismatch in " + path + ": stored crc32 " + hex32(trailer.crc) + ", computed " +
+                          hex32(actual_crc) + " (the file is corrupted)");
+  }
+}
+
+// The trailer is the whole comment of the zip directory record just before it, as seal_archive
+// wrote it: anything else would show zip readers other bytes than we check.
+void check_trailer_record(const ArchiveView& archive, const Trailer& trailer, const OpenFile& file,
+                          const std::string& path) {
+  const uint64_t payload = archive.size();
+  const std::string eocd = file.bytes(payload - kEocdSize, kEocdSize);
+  std::string fault;
+  if (std::memcmp(eocd.data(), kEocdSignature, 4) != 0) {
+    fault = "the zip directory record does not end where the checkpoint trailer begins (byte " +
+            std::to_string(payload) + ")";
+  } else if (const std::size_t comment = static_cast<unsigned char>(eocd[20]) |
+                                         static_cast<std::size_t>(static_cast<unsigned char>(eocd[21])) << 8;
+             comment != kTrailerSize) {
+    fault = "the zip directory record gives its comment " + std::to_string(comment) +
+            " bytes, but the checkpoint trailer after it is " + std::to_string(kTrailerSize);
+  }
+  if (fault.empty()) return;
+  check_checksum(file, trailer, path);
+  throw CheckpointError(path + " is not a sound zip archive: " + fault);
 }
 
 }  // namespace
@@ -298,8 +454,8 @@ void seal_archive(std::vector<char>& zip) {
 }
 
 std::vector<char> read_checkpoint_file(const std::string& path, bool allow_plain) {
-  // 1. A regular file only, read up to the size it has now: a directory fails obscurely in a
-  //    stream, and a device such as /dev/zero would be read until memory runs out.
+  // 1. A regular file only: a directory fails obscurely in a stream, and a device such as
+  //    /dev/zero would be read until memory runs out.
   std::error_code error;
   const auto status = std::filesystem::status(path, error);
   if (std::filesystem::is_directory(status)) {
@@ -309,71 +465,34 @@ std::vector<char> read_checkpoint_file(const std::string& path, bool allow_plain
   if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
     throw CheckpointError("cannot read checkpoint " + path + ": it is not a regular file (a device, pipe or socket)");
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw CheckpointError("cannot open checkpoint " + path + ": " + std::strerror(errno));
-  const auto expected = std::filesystem::file_size(path, error);
-  if (error) throw CheckpointError("cannot read checkpoint " + path + ": " + error.message());
-  std::vector<char> bytes(static_cast<std::size_t>(expected));
-  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (in.bad()) throw CheckpointError("cannot read checkpoint " + path);
-  bytes.resize(static_cast<std::size_t>(in.gcount()));
-  const std::size_t size = bytes.size();
-
-  // 2. The trailer: present, intact, and agreeing with the size and CRC-32.
-  const bool has_trailer =
-      size >= kTrailerSize + kEocdSize &&
-      std::memcmp(bytes.data() + size - kTrailerSize, kTrailerPrefix, sizeof(kTrailerPrefix) - 1) == 0;
-  if (!has_trailer) {
-    // Without one: not a checkpoint at all (every checkpoint, even a cut one, starts as a zip
-    // archive does), a plain PyTorch file, or a cut write.
-    const std::size_t head = std::min<std::size_t>(size, sizeof(kZipSignature));
-    if (head > 0 && std::memcmp(bytes.data(), kZipSignature, head) != 0) {
-      throw CheckpointError(path + " is not a torchddp checkpoint: it is not a zip archive (its first bytes are " +
-                            hex_bytes(bytes.data(), head) + ", a checkpoint's are 50 4b 03 04)");
-    }
-    if (ends_with_plain_eocd(bytes)) {
-      if (allow_plain) return sound_archive(std::move(bytes), path);
-      throw CheckpointError(path + " is a plain PyTorch file without a torchddp checkpoint trailer "
-                            "(written by torch.save?); read it with ddp::load_state_dict(path)");
-    }
-    // The trailer is the last thing written; without it the write never finished.
-    throw CheckpointError("checkpoint " + path + " is truncated at byte " + std::to_string(size) +
-                          ": its end-of-checkpoint trailer is missing (an interrupted write or a cut copy)");
+  // 2. Its first bytes, its end and its zip directory, read by range: a file of any size that is
+  //    no checkpoint is refused before it is read whole.
+  const OpenFile file(path);
+  const uint64_t size = file.size();
+  const FileLayout layout = layout_of(file, path, allow_plain);
+  const ArchiveView archive(file, layout.payload, layout.trailer.has_value());
+  if (layout.trailer) check_trailer_record(archive, *layout.trailer, file, path);
+  try {
+    archive_records(archive, ArchiveKind::kPlain);
+  } catch (const PickleError& fault) {
+    if (layout.trailer) check_checksum(file, *layout.trailer, path);  // a damaged file is named as damaged
+    throw CheckpointError(path + " is not a sound zip archive: " + fault.what());
   }
-  uint64_t stored_size = 0;
-  uint32_t stored_crc = 0;
-  const std::string trailer(bytes.data() + size - kTrailerSize, kTrailerSize);
-  if (std::sscanf(trailer.c_str(), "torchddp-checkpoint v1 bytes=%16" SCNx64 " crc32=%8" SCNx32, &stored_size,
-                  &stored_crc) != 2 ||
-      trailer.back() != '\n') {
-    throw CheckpointError("checksum mismatch in " + path + ": its trailer is damaged");
+  // 3. The whole file, checked again as read (it may have changed since): checksum, then structure.
+  std::vector<char> bytes = file.read_whole(path);
+  if (bytes.size() != size) {
+    throw CheckpointError("cannot read checkpoint " + path + ": it changed size while being read (" +
+                          std::to_string(size) + " bytes, then " + std::to_string(bytes.size()) + ")");
   }
-  const std::size_t payload = size - kTrailerSize;
-  if (stored_size != payload) {
-    throw CheckpointError("checksum mismatch in " + path + ": trailer records " + std::to_string(stored_size) +
-                          " bytes before it, the file has " + std::to_string(payload));
-  }
-  const uint32_t actual_crc = crc32_of(bytes.data(), payload);
-  if (actual_crc != stored_crc) {
-    throw CheckpointError("checksum mismatch in " + path + ": stored crc32 " + hex32(stored_crc) +
+  if (!layout.trailer) return sound_archive(std::move(bytes), path);
+  const uint32_t actual_crc = crc32_of(bytes.data(), layout.payload);
+  if (actual_crc != layout.trailer->crc) {
+    throw CheckpointError("checksum mismatch in " + path + ": stored crc32 " + hex32(layout.trailer->crc) +
                           ", computed " + hex32(actual_crc) + " (the file is corrupted)");
   }
-  // 3. The trailer is the whole comment of the zip directory record just before it, as
-  //    seal_archive wrote it: anything else would show zip readers other bytes than we check.
-  const char* eocd = bytes.data() + payload - kEocdSize;
-  if (std::memcmp(eocd, kEocdSignature, 4) != 0) {
-    throw CheckpointError(path + " is not a sound zip archive: the zip directory record does not end where the "
-                          "checkpoint trailer begins (byte " + std::to_string(payload) + ")");
-  }
-  const std::size_t comment = static_cast<unsigned char>(eocd[20]) | static_cast<std::size_t>(static_cast<unsigned char>(eocd[21])) << 8;
-  if (comment != kTrailerSize) {
-    throw CheckpointError(path + " is not a sound zip archive: the zip directory record gives its comment " +
-                          std::to_string(comment) + " bytes, but the checkpoint trailer after it is " +
-                          std::to_string(kTrailerSize));
-  }
-  bytes.resize(payload);  // what zip readers see is unchanged: the comment is simply shorter
-  bytes[payload - 2] = 0;
-  bytes[payload - 1] = 0;
+  bytes.resize(layout.payload);  // what zip readers see is unchanged: the comment is simply shorter
+  bytes[layout.payload - 2] = 0;
+  bytes[layout.payload - 1] = 0;
   return sound_archive(std::move(bytes), path);
 }
 
@@ -434,7 +553,7 @@ std::optional<std::string> read_archive_record(const std::vector<char>& zip, con
     auto [data, size] = reader.getRecord(name);
     return std::string(static_cast<const char*>(data.get()), size);
   } catch (const std::exception& error) {  // its checksum holds, but its zip archive is not sound
-    throw CheckpointError("cannot read record " + name + " of " + path + ": " + error_text(error));
+    throw CheckpointError("cannot read record " + name + " of " + path + ": " + error_line(error));
   }
 }
 

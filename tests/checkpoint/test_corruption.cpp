@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 
 #include <gtest/gtest.h>
 #include <caffe2/serialize/in_memory_adapter.h>
@@ -406,6 +407,65 @@ TEST_F(Corruption, TheMetaDeviceIsRefusedAsAPlaceForTensors) {
                          }),
             "cannot place the optimizer state from " + dir_ + "/meta-optimizer.pt (saved on meta) where map_location "
             "puts it: " + no_data);
+}
+
+// LibTorch's text after our own is cut to its first line (issue 39: a cuda:99 map on a CPU-only
+// machine appended the dispatcher's whole list of backends, "If you are a Facebook employee ...").
+TEST_F(Corruption, LibTorchsTextIsCutToItsFirstLine) {
+  ToyModel target;
+  const std::string error = ddp::test::error_of<ddp::CheckpointError>([&] {
+    ddp::load_checkpoint(path_, *target, nullptr, ddp::LoadOptions().map_location("cuda:99"));
+  });
+  const std::string head = "cannot place net1.weight from " + path_ + " (saved on cpu) where map_location puts it: ";
+  EXPECT_EQ(error.rfind(head, 0), 0u) << error;
+  EXPECT_GT(error.size(), head.size()) << error;
+  EXPECT_EQ(error.find('\n'), std::string::npos) << error;
+}
+
+// A model that trained on to NaN, saved: refused at load, naming the file and the tensor (issue
+// 39: it loaded, and the run went on training NaN and exited 0).
+TEST_F(Corruption, NonFiniteWeightsAreRefused) {
+  ToyModel diverged;
+  {
+    torch::NoGradGuard no_grad;
+    diverged->net2->bias[3] = std::numeric_limits<float>::quiet_NaN();
+  }
+  const std::string nan_file = dir_ + "/nan.pt";
+  ddp::save_checkpoint(nan_file, *diverged, nullptr, {});
+  EXPECT_EQ(load_error(nan_file), nan_file + " holds NaN in net2.bias (a run that diverged, or a damaged file): it is "
+                                             "not loaded");
+  {
+    torch::NoGradGuard no_grad;
+    diverged->net2->bias[3] = -std::numeric_limits<float>::infinity();
+  }
+  const std::string inf_file = dir_ + "/inf.pt";
+  ddp::save_checkpoint(inf_file, *diverged, nullptr, {});
+  EXPECT_EQ(load_error(inf_file), inf_file + " holds an infinity in net2.bias (a run that diverged, or a damaged file): "
+                                             "it is not loaded");
+}
+
+// Adam's moments NaN, or shaped unlike their parameter (issue 39: NaN loaded and trained on; a
+// wrong shape loaded, and the rank died at step() with LibTorch's text naming neither the file
+// nor the parameter). Both refused at load, naming the file and the parameter.
+TEST_F(Corruption, NonFiniteOrMisshapenOptimizerStateIsRefused) {
+  auto saved_with_state = [&](const std::string& name, const std::function<void(torch::optim::AdamParamState&)>& edit) {
+    ToyModel model;
+    torch::optim::Adam adam(model->parameters());
+    model->forward(torch::ones({2, 10})).sum().backward();
+    adam.step();  // every parameter has its state now
+    for (auto& item : adam.state()) edit(static_cast<torch::optim::AdamParamState&>(*item.second));
+    const std::string file = dir_ + "/" + name + ".pt";
+    ddp::save_checkpoint(file, *model, &adam, {});
+    ToyModel target;
+    torch::optim::Adam loaded(target->parameters());
+    return ddp::test::error_of<ddp::CheckpointError>([&] { ddp::load_checkpoint(file, *target, &loaded); });
+  };
+  EXPECT_EQ(saved_with_state("nan-moment", [](auto& state) { state.exp_avg_sq()[0] = NAN; }),
+            "the optimizer state in " + dir_ + "/nan-moment.pt is refused: its state for the parameter net1.weight "
+            "holds NaN (a run that diverged, or a damaged file)");
+  EXPECT_EQ(saved_with_state("shape", [](auto& state) { state.exp_avg(torch::zeros({3})); }),
+            "the optimizer state in " + dir_ + "/shape.pt is refused: its state for the parameter net1.weight holds "
+            "a tensor of shape [3], the parameter's is [10, 10]");
 }
 
 // Edits of the zip's end-of-directory records, re-sealed (issue 28: they were accepted). A

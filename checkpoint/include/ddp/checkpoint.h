@@ -132,6 +132,10 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module,
 // `module` (error listing every mismatched name/shape), loads the optimizer state (read through
 // map_location, then each parameter's state moved to that parameter's device, as PyTorch's
 // Optimizer.load_state_dict does), restores this rank's RNG states, and returns the training state.
+// Refused with a CheckpointError naming the file (and the tensor or parameter): a model state
+// holding NaN or an infinity, an optimizer state that does (or whose tensors are not shaped like
+// their parameters: LibTorch would fail only at the next step()), and any file that is no sound
+// checkpoint (checkpoint_file.h), before LibTorch reads it.
 TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module,
                               torch::optim::Optimizer* optimizer, const LoadOptions& options = {});
 

@@ -46,9 +46,13 @@ class CheckpointError : public std::runtime_error {
 void seal_archive(std::vector<char>& zip);
 
 // Reads `path` and checks its trailer and checksum; returns the bytes (a valid zip archive).
-// A plain PyTorch file (torch.save, no trailer) is returned unchecked when allow_plain is true.
-// Throws CheckpointError: "checkpoint <path> is truncated at byte N ...",
-// "checksum mismatch in <path> ...", "<path> is a plain PyTorch file ...".
+// A plain PyTorch file (torch.save, no trailer) is returned without a checksum to check when
+// allow_plain is true. Before the file is read whole, its first bytes, its end and its zip
+// directory are read by range and checked, so a file of any size that is no checkpoint is refused
+// without being read (and one that does not fit in memory is refused too). Every record must be
+// stored, as our writers and torch.save store them, never compressed. Throws CheckpointError:
+// "checkpoint <path> is truncated at byte N ...", "checksum mismatch in <path> ...",
+// "<path> is a plain PyTorch file ...", "<path> is not a sound zip archive: ...".
 std::vector<char> read_checkpoint_file(const std::string& path, bool allow_plain = false);
 
 // A PyTorch zip archive whose root object is `state` as a plain dict (tensors copied to CPU, so
