@@ -19,6 +19,7 @@
 #include <ddp/atomic_file.h>
 
 #include "archive_check.h"
+#include "directory_lock.h"
 #include "error_line.h"
 #include "optimizer_placement.h"
 #include "tensor_check.h"
@@ -563,6 +564,8 @@ void save_contents(const std::string& path, const SavedContents& contents, const
   std::string failure;
   if (rank == 0) {
     try {
+      // One job per directory: another's saves would overwrite and prune ours.
+      lock_checkpoint_directory(std::filesystem::path(path).parent_path().string());
       write_checkpoint_file(path, contents, state, world_size, rng, state_names, states);
       if (options.keep_last() > 0) keep_newest(path, options.prefix(), options.keep_last());
     } catch (const std::exception& error) {

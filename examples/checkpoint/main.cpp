@@ -3,12 +3,15 @@
 // map_location, then training goes on.
 // Run two ranks on one machine (ddprun sets the variables for you):
 //   ddprun --nproc-per-node 2 ./build/examples/checkpoint/checkpoint_ddp [checkpoint path]
+// Without a path the checkpoint goes into a new directory of its own in $TMPDIR (or /tmp), which
+// only this user may enter, removed at the end.
 // or by hand:
 //   MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 RANK=0 ./checkpoint_ddp &
 //   MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 RANK=1 ./checkpoint_ddp
 // The file is also a plain state_dict for Python: torch.load(path) returns {"net1.weight": ...}.
 #include <filesystem>
 #include <iostream>
+#include <random>
 
 #include <torch/torch.h>
 
@@ -24,11 +27,29 @@ struct ToyModelImpl : torch::nn::Module {
 };
 TORCH_MODULE(ToyModel);
 
+// A new directory only this user may enter (made by rank 0, named to every rank): a fixed name
+// in world-writable /tmp could be another user's link, and the save would write where it points.
+std::filesystem::path private_directory() {
+  std::string name;
+  if (ddp::get_rank() == 0) {
+    std::random_device random;
+    for (int attempt = 0; name.empty() && attempt < 100; ++attempt) {
+      const auto candidate = std::filesystem::temp_directory_path() / ("torchddp-checkpoint-" + std::to_string(random()));
+      if (std::filesystem::create_directory(candidate)) name = candidate.string();  // false: it exists, try another
+    }
+    if (name.empty()) throw std::runtime_error("cannot make a directory of its own in " +
+                                               std::filesystem::temp_directory_path().string());
+    std::filesystem::permissions(name, std::filesystem::perms::owner_all, std::filesystem::perm_options::replace);
+  }
+  ddp::broadcast_bytes(name);
+  return name;
+}
+
 int run(int argc, char** argv) {
   auto pg = ddp::init_process_group(ddp::InitOptions{"gloo", "env://"});
   const int rank = ddp::get_rank();
-  const std::string path =
-      argc > 1 ? argv[1] : (std::filesystem::temp_directory_path() / "torchddp_model.checkpoint").string();
+  const std::filesystem::path own_directory = argc > 1 ? std::filesystem::path() : private_directory();
+  const std::string path = argc > 1 ? argv[1] : (own_directory / "model.checkpoint").string();
 
   torch::manual_seed(rank);  // different initial weights per rank: the checkpoint makes them equal
   ToyModel model;
@@ -71,6 +92,7 @@ int run(int argc, char** argv) {
   ddp::barrier();  // every rank has finished with the file
   if (rank == 0) {
     if (created) std::filesystem::remove(path);
+    if (!own_directory.empty()) std::filesystem::remove_all(own_directory);  // the file and the lock beside it
     std::cout << "replicas identical (weight checksum " << checksum.item<float>() << ")" << std::endl;
   }
   ddp::destroy_process_group();

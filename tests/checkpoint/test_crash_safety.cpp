@@ -39,12 +39,18 @@ void save_version(const std::string& path, Large& model, int64_t k) {
   ddp::save_checkpoint(path, model, nullptr, state);
 }
 
-// The temporary files ("*.tmp.<pid>") in `dir`.
+// The temporary file a writer with `pid` uses for `path` (ddp::temporary_path_for's, for that pid).
+std::string temporary_of(const std::string& path, pid_t pid) {
+  const std::filesystem::path file(path);
+  return (file.parent_path() / (".torchddp-tmp." + std::to_string(pid) + "." + file.filename().string())).string();
+}
+
+// The temporary files (".torchddp-tmp.<pid>.<name>") in `dir`.
 std::vector<std::string> temporaries_in(const std::string& dir) {
   std::vector<std::string> found;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    if (name.find(".tmp.") != std::string::npos) found.push_back(name);
+    if (name.rfind(".torchddp-tmp.", 0) == 0) found.push_back(name);
   }
   return found;
 }
@@ -65,6 +71,9 @@ pid_t spawn_writer(const std::string& dir, int64_t first_version) {
 }
 
 TEST(CrashSafety, KillNineDuringWritesAlwaysLeavesALoadableCheckpoint) {
+  // One job restarted again and again: this process and its writers share a run id (and so the
+  // directory's lock).
+  ::setenv("TORCHDDP_RUN_ID", "crash-safety", 1);
   const std::string dir = ddp::test::make_temp_dir("ckpt-crash");
   const std::string path = dir + "/ckpt.pt";
   Large model;
@@ -96,7 +105,7 @@ TEST(CrashSafety, KillNineDuringWritesAlwaysLeavesALoadableCheckpoint) {
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "writer ended on its own: " << status;
     // A leftover temporary file means the kill landed inside a write.
-    const std::string temporary = path + ".tmp." + std::to_string(pid);
+    const std::string temporary = temporary_of(path, pid);
     // It stays: the next writer's save removes it (checked after the loop).
     if (std::filesystem::exists(temporary)) ++killed_mid_write;
 
@@ -119,23 +128,34 @@ TEST(CrashSafety, KillNineDuringWritesAlwaysLeavesALoadableCheckpoint) {
   save_version(path, model, last_version + 1);
   EXPECT_EQ(temporaries_in(dir), std::vector<std::string>{}) << "temporary files of killed writers left behind";
   ddp::test::remove_tree(dir);
+  ::unsetenv("TORCHDDP_RUN_ID");
 }
 
-// What a save sweeps: "<name>.tmp.<pid>" files of processes that no longer exist, and nothing else.
+// What a save sweeps: its own temporary files (".torchddp-tmp.<pid>.<name>") of processes that no
+// longer exist, and nothing else: a file merely named "<anything>.tmp.<digits>" is not ours
+// (issue 39: notes.tmp.999999 beside a checkpoint was deleted), nor one of another user.
 TEST(CrashSafety, ASaveRemovesTheTemporaryFilesOfDeadWritersOnly) {
   const std::string dir = ddp::test::make_temp_dir("ckpt-orphans");
   const pid_t gone = fork();
   if (gone == 0) _exit(0);
   ASSERT_EQ(waitpid(gone, nullptr, 0), gone);  // reaped: no process has this pid now
-  const std::string orphan = dir + "/checkpoint-00000003.pt.tmp." + std::to_string(gone);
-  const std::string live = dir + "/checkpoint-00000003.pt.tmp." + std::to_string(getppid());
+  const std::string orphan = temporary_of(dir + "/checkpoint-00000003.pt", gone);
+  const std::string live = temporary_of(dir + "/checkpoint-00000003.pt", getppid());
+  const std::string notes = dir + "/notes.tmp." + std::to_string(gone);
+  const std::string old_style = dir + "/checkpoint-00000003.pt.tmp." + std::to_string(gone);
   const std::string other = dir + "/notes.tmp.txt";
-  for (const auto& file : {orphan, live, other}) std::ofstream(file) << "partial";
+  for (const auto& file : {orphan, live, notes, old_style, other}) std::ofstream(file) << "partial";
+  // Named as ours, but another user's: not ours to remove.
+  const std::string foreign = temporary_of(dir + "/checkpoint-00000002.pt", gone);
+  std::ofstream(foreign) << "someone else's";
+  const bool root = geteuid() == 0;
+  if (root) ASSERT_EQ(chown(foreign.c_str(), 65534, 65534), 0);
   Large model;
   save_version(dir + "/checkpoint-00000004.pt", model, 4);
   EXPECT_FALSE(std::filesystem::exists(orphan)) << "the dead writer's temporary file is still there";
   EXPECT_TRUE(std::filesystem::exists(live)) << "a live process's temporary file was removed";
-  EXPECT_TRUE(std::filesystem::exists(other)) << "a file of another kind was removed";
+  for (const auto& file : {notes, old_style, other}) EXPECT_TRUE(std::filesystem::exists(file)) << file << " was removed";
+  if (root) EXPECT_TRUE(std::filesystem::exists(foreign)) << "another user's file was removed";
   ddp::test::remove_tree(dir);
 }
 

@@ -20,6 +20,12 @@ DDP_WORKER(exec_checkpoint_example) {
   ddp::test::fail(std::string("cannot run ") + CKPT_EXAMPLE_PATH);
 }
 
+// The example without a path: it picks its own.
+DDP_WORKER(exec_checkpoint_example_default_path) {
+  execl(CKPT_EXAMPLE_PATH, CKPT_EXAMPLE_PATH, static_cast<char*>(nullptr));
+  ddp::test::fail(std::string("cannot run ") + CKPT_EXAMPLE_PATH);
+}
+
 // Runs the example on two ranks with its checkpoint at `dir`/model.checkpoint.
 std::vector<ddp::test::WorkerResult> run_example(const std::string& dir = "") {
   ddp::test::RunOptions options;
@@ -80,6 +86,27 @@ TEST(CheckpointExample, ANodeThatIsNoRegularFileIsRefusedAndKept) {
     EXPECT_EQ(type_of(path), type);
     ddp::test::remove_tree(dir);
   }
+}
+
+// Without a path, the checkpoint goes into a new directory only this user may enter, removed at
+// the end (issue 39: $TMPDIR/torchddp_model.checkpoint in world-writable /tmp, where another user's
+// link made a root run overwrite root's file).
+TEST(CheckpointExample, TheDefaultPathIsInAPrivateDirectoryOfItsOwn) {
+  const std::string temp = std::filesystem::temp_directory_path().string();
+  const std::string old_default = temp + "/torchddp_model.checkpoint";
+  ASSERT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(old_default))) << old_default << " exists";
+  ddp::test::RunOptions options;
+  options.env = {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(ddp::test::free_port())}};
+  const auto results = ddp::test::run_workers("exec_checkpoint_example_default_path", 2, options);
+  EXPECT_WORKERS_OK(results);
+  ASSERT_EQ(results.size(), 2u);
+  const std::string head = "rank 1 loaded " + temp + "/torchddp-checkpoint-";
+  const std::size_t at = results[1].output.find(head);
+  ASSERT_NE(at, std::string::npos) << results[1].output;
+  const std::string path = results[1].output.substr(at + 14, results[1].output.find(' ', at + head.size()) - at - 14);
+  EXPECT_EQ(std::filesystem::path(path).filename(), "model.checkpoint") << path;
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(path).parent_path())) << "its directory is left behind";
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(old_default)));
 }
 
 }  // namespace

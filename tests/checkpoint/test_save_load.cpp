@@ -96,7 +96,7 @@ DDP_WORKER(rank0_write_fails) {
     const std::string message = error.what();
     if (ddp::get_rank() == 0) {
       require(ckpt_test::contains(message, "cannot save checkpoint /nonexistent-dir/ckpt.pt: cannot write "
-                                           "/nonexistent-dir/ckpt.pt: open of /nonexistent-dir/ckpt.pt.tmp."),
+                                           "/nonexistent-dir/ckpt.pt: open of /nonexistent-dir/.torchddp-tmp."),
               "rank 0 message: " + message);
       require(ckpt_test::contains(message, "No such file or directory"), "rank 0 message: " + message);
     } else {
@@ -131,8 +131,8 @@ TEST_F(CheckpointDir, KeepLastAndLatestSkipsCorruptedFiles) {
   std::vector<std::string> files;
   for (const auto& entry : std::filesystem::directory_iterator(dir_)) files.push_back(entry.path().filename());
   std::sort(files.begin(), files.end());
-  EXPECT_EQ(files, (std::vector<std::string>{"checkpoint-00000003.pt", "checkpoint-00000004.pt",
-                                             "checkpoint-00000005.pt"}));
+  EXPECT_EQ(files, (std::vector<std::string>{".torchddp-checkpoint.lock", "checkpoint-00000003.pt",
+                                             "checkpoint-00000004.pt", "checkpoint-00000005.pt"}));
   EXPECT_EQ(ddp::latest_checkpoint(dir_), ddp::checkpoint_path(dir_, 5));
   // A torn newest file (as a crash of a non-atomic writer would leave) is skipped.
   std::filesystem::resize_file(ddp::checkpoint_path(dir_, 5), 100);

@@ -42,14 +42,26 @@ class SaveTarget : public ::testing::Test {
     return ddp::test::error_of<ddp::CheckpointError>([&] { ddp::save_checkpoint(path, *model_, nullptr, {}); });
   }
   // The file type at `path` itself (not following a link), as lstat says.
+  static struct stat status_of(const std::string& path) {
+    struct stat status {};
+    EXPECT_EQ(::stat(path.c_str(), &status), 0) << path;
+    return status;
+  }
+  static std::string text_of(const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
   static mode_t type_of(const std::string& path) {
     struct stat status {};
     return ::lstat(path.c_str(), &status) == 0 ? (status.st_mode & S_IFMT) : 0;
   }
-  // Nothing but `expected` in the directory: no temporary file left behind.
+  // Nothing but `expected` in the directory: no temporary file left behind (the directory's
+  // lock, which the save takes first, stays).
   void expect_only(const std::vector<std::string>& expected) {
     std::vector<std::string> names;
-    for (const auto& entry : std::filesystem::directory_iterator(dir_)) names.push_back(entry.path().filename().string());
+    for (const auto& entry : std::filesystem::directory_iterator(dir_)) {
+      if (entry.path().filename() != ".torchddp-checkpoint.lock") names.push_back(entry.path().filename().string());
+    }
     std::sort(names.begin(), names.end());
     EXPECT_EQ(names, expected);
   }
@@ -147,6 +159,67 @@ TEST_F(SaveTarget, SomethingAtTheTemporaryPathIsNotTouched) {
   std::ofstream(temporary) << "left by a dead writer";
   EXPECT_EQ(save_error(path_), "");
   expect_only({"ckpt.pt"});
+}
+
+// A replaced file keeps its mode, and its owner where the saving process may give it (issue 39:
+// a save through a link turned 0600 into 0644, and a root run left a file of root's).
+TEST_F(SaveTarget, AReplacedFileKeepsItsModeAndOwner) {
+  const bool root = ::geteuid() == 0;
+  std::ofstream(path_) << "old";
+  ASSERT_EQ(::chmod(path_.c_str(), 0600), 0);
+  if (root) ASSERT_EQ(::chown(path_.c_str(), 65534, 65534), 0);
+  EXPECT_EQ(save_error(path_), "");
+  EXPECT_EQ(status_of(path_).st_mode & 07777, 0600u);
+  if (root) {
+    EXPECT_EQ(status_of(path_).st_uid, 65534u);
+    EXPECT_EQ(status_of(path_).st_gid, 65534u);
+  }
+  // Through a link: the file it names keeps its mode.
+  const std::string target = dir_ + "/target.pt", link = dir_ + "/link.pt";
+  std::ofstream(target) << "old";
+  ASSERT_EQ(::chmod(target.c_str(), 0640), 0);
+  std::filesystem::create_symlink("target.pt", link);
+  EXPECT_EQ(save_error(link), "");
+  EXPECT_EQ(status_of(target).st_mode & 07777, 0640u);
+  expect_only({"ckpt.pt", "link.pt", "target.pt"});
+}
+
+// A link another user owns, in a sticky directory (as /tmp) or in theirs, is not followed (issue
+// 39: another user's link in /tmp made a root run overwrite root's 0600 file with a checkpoint
+// everyone could read, where fs.protected_symlinks=0). The same link of our own is followed.
+TEST_F(SaveTarget, AnotherUsersLinkInASharedOrForeignDirectoryIsNotFollowed) {
+  if (::geteuid() != 0) GTEST_SKIP() << "a link of another user needs root (lchown)";
+  const std::string mine = dir_ + "/mine.pt";
+  std::ofstream(mine) << "root's own";
+  ASSERT_EQ(::chmod(mine.c_str(), 0600), 0);
+  auto foreign_link_in = [&](const std::string& directory, mode_t mode) {
+    std::filesystem::create_directory(directory);
+    EXPECT_EQ(::chmod(directory.c_str(), mode), 0);
+    const std::string link = directory + "/model.checkpoint";
+    std::filesystem::create_symlink(mine, link);
+    EXPECT_EQ(::lchown(link.c_str(), 65534, 65534), 0);
+    return link;
+  };
+  auto refusal = [&](const std::string& link, const std::string& directory, const std::string& kind) {
+    return "cannot save checkpoint " + link + ": cannot write " + link + ": it is a symbolic link to " + mine +
+           ", owned by another user (uid 65534) in " + directory + ", a directory " + kind +
+           ": a save does not follow it (as the kernel's protected_symlinks would not), or that user would choose "
+           "which file it replaces; save to the file it names, or remove the link";
+  };
+  const std::string shared = dir_ + "/shared";
+  const std::string in_shared = foreign_link_in(shared, 01777);
+  EXPECT_EQ(save_error(in_shared), refusal(in_shared, shared, "others may write into (sticky, as /tmp)"));
+  const std::string theirs = dir_ + "/theirs";
+  const std::string in_theirs = foreign_link_in(theirs, 0755);
+  ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);
+  EXPECT_EQ(save_error(in_theirs), refusal(in_theirs, theirs, "of uid 65534"));
+  EXPECT_EQ(text_of(mine), "root's own");
+  EXPECT_EQ(status_of(mine).st_mode & 07777, 0600u);
+  // Our own link in the shared directory is ours to follow.
+  const std::string own_link = shared + "/own.checkpoint";
+  std::filesystem::create_symlink(mine, own_link);
+  EXPECT_EQ(save_error(own_link), "");
+  EXPECT_NE(text_of(mine), "root's own");
 }
 
 }  // namespace

@@ -123,7 +123,10 @@ struct LoadOptions {
 
 // Collective: every rank of the group calls it. Rank 0 writes `path` crash-safely; every rank
 // returns only once the file is complete and visible, and throws CheckpointError on every rank if
-// rank 0 failed. `optimizer` may be null.
+// rank 0 failed. `optimizer` may be null. Rank 0 first takes the lock of `path`'s directory for
+// the rest of its life (".torchddp-checkpoint.lock", naming the run id, pid and host): a save of
+// another job (another run id, or none) into that directory while this process lives is refused,
+// naming this one; the lock of a process that ended is taken over.
 void save_checkpoint(const std::string& path, const torch::nn::Module& module,
                      const torch::optim::Optimizer* optimizer, const TrainingState& state,
                      const CheckpointOptions& options = {});
