@@ -58,8 +58,9 @@ std::vector<size_t> distributed_indices(size_t dataset_size, int64_t num_replica
 
   std::vector<size_t> order(dataset_size);
   if (shuffle) {
-    // The same generator and the same randperm as Python's torch.randperm(n, generator=g).
-    auto generator = at::detail::createCPUGenerator(static_cast<uint64_t>(seed + epoch));
+    // The same generator and the same randperm as Python's torch.randperm(n, generator=g). The sum
+    // is taken modulo 2^64, as the generator takes a negative seed: no signed overflow at the ends.
+    auto generator = at::detail::createCPUGenerator(static_cast<uint64_t>(seed) + static_cast<uint64_t>(epoch));
     auto permutation = torch::randperm(static_cast<int64_t>(dataset_size), generator, torch::kLong);
     const int64_t* values = permutation.data_ptr<int64_t>();
     for (size_t i = 0; i < dataset_size; ++i) order[i] = static_cast<size_t>(values[i]);
@@ -78,8 +79,9 @@ std::vector<size_t> distributed_indices(size_t dataset_size, int64_t num_replica
 // Which count state() reports. kYielded: the indices next() handed out, which is what the program
 // received when the loader asks for a batch only as the program wants one (LibTorch's loader
 // without workers). kReceived: what ddp::make_data_loader's loader says reached the program; its
-// workers may have fetched more.
-enum class Counting { kYielded, kReceived };
+// workers may have fetched more. kNone: LibTorch's loader with workers asks ahead of the program,
+// and nothing says which of its batches reached it.
+enum class Counting { kYielded, kReceived, kNone };
 
 struct DistributedSampler::Position {
   size_t dataset_size = 0;
@@ -91,7 +93,7 @@ struct DistributedSampler::Position {
   Counting counting = Counting::kYielded;
   bool restored = false;  // load_state() was called and next() not yet: reset() and set_epoch() keep the position
 
-  size_t consumed() const { return counting == Counting::kReceived ? received : yielded; }
+  size_t consumed() const { return counting == Counting::kReceived ? received : yielded; }  // not for kNone
   void restart_at(size_t at) {
     yielded = received = at;
     in_flight.clear();
@@ -177,6 +179,22 @@ void DistributedSampler::count_received() {
   position_->restart_at(position_->yielded);
 }
 
+void DistributedSampler::count_for_libtorch_loader(size_t workers) {
+  position_->counting = workers > 0 ? Counting::kNone : Counting::kYielded;
+}
+
+size_t DistributedSampler::consumed(const char* who) const {
+  if (position_->counting == Counting::kNone) {
+    throw std::logic_error(
+        std::string(who) +
+        ": this sampler feeds LibTorch's torch::data::make_data_loader with workers, which asks it for batches ahead "
+        "of the program (max_jobs, 2 x workers by default), so its count would include samples the program has not "
+        "received and a resume from it would skip them. Make the loader with ddp::make_data_loader "
+        "(<ddp/data_loader.h>): LibTorch's loader with the same options, whose sampler counts what reached the loop");
+  }
+  return position_->consumed();
+}
+
 void DistributedSampler::mark_received() {
   Position& position = *position_;
   if (position.in_flight.empty()) {
@@ -188,7 +206,7 @@ void DistributedSampler::mark_received() {
 }
 
 SamplerState DistributedSampler::state() const {
-  return SamplerState{position_->epoch, static_cast<int64_t>(position_->consumed())};
+  return SamplerState{position_->epoch, static_cast<int64_t>(consumed("DistributedSampler::state()"))};
 }
 
 void DistributedSampler::load_state(const SamplerState& state) {
@@ -207,7 +225,8 @@ void DistributedSampler::load_state(const SamplerState& state) {
 
 void DistributedSampler::save(torch::serialize::OutputArchive& archive) const {
   archive.write("epoch", torch::tensor(position_->epoch, torch::kInt64), /*is_buffer=*/true);
-  archive.write("consumed", torch::tensor(static_cast<int64_t>(position_->consumed()), torch::kInt64), true);
+  archive.write("consumed", torch::tensor(static_cast<int64_t>(consumed("DistributedSampler::save()")), torch::kInt64),
+                true);
   archive.write("dataset_size", torch::tensor(static_cast<int64_t>(position_->dataset_size), torch::kInt64), true);
 }
 

@@ -1,6 +1,7 @@
 // DistributedSampler: the exact order of PyTorch's sampler, resume mid-epoch, the data loader,
 // and bad input.
 #include <fstream>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -121,6 +122,15 @@ TEST(DistributedSampler, SetEpochChangesTheShuffleAndRestarts) {
   // A different seed gives a different order for the same epoch.
   ddp::DistributedSampler other_seed(50, options(2, 1).seed(4));
   EXPECT_NE(drain(other_seed, 8), epoch0);
+}
+
+// Any 64-bit seed, as PyTorch's generator takes it: seed + epoch modulo 2^64 (a negative seed is
+// 2^64 plus it), with no signed overflow at the ends (the main job's --seed takes every int64).
+TEST(DistributedSampler, SeedPlusEpochWrapsAroundAsPyTorchsGeneratorTakesIt) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
+  EXPECT_EQ(ddp::distributed_indices(40, 2, 1, true, kMax, 1, false),
+            ddp::distributed_indices(40, 2, 1, true, kMin, 0, false));
+  EXPECT_EQ(ddp::distributed_indices(40, 2, 1, true, -1, 1, false), ddp::distributed_indices(40, 2, 1, true, 0, 0, false));
 }
 
 TEST(DistributedSampler, ResetRestartsTheEpochAndNewSizeRecomputes) {
@@ -326,6 +336,42 @@ TEST(DistributedSampler, SetEpochOfTheLoadedEpochKeepsTheLoadedPosition) {
   sampler.load_state({0, 50});
   sampler.set_epoch(1);
   EXPECT_EQ(sampler.state(), (ddp::SamplerState{1, 0}));
+}
+
+// LibTorch's own loader with workers(2) asks the sampler for max_jobs (4) batches ahead of the
+// program: after 5 batches of 4 its count said 36 samples, and a resume from it skipped 16. state()
+// and save() refuse instead, naming ddp::make_data_loader; without workers LibTorch's loader asks
+// only as the program wants a batch, and the count is right. The loader made last decides.
+TEST(DistributedSampler, StateRefusesUnderLibTorchsLoaderWithWorkers) {
+  auto sampler = rank_sampler(0);
+  auto five_batches = [&sampler](size_t workers) {
+    auto loader = torch::data::make_data_loader(IndexDataset(kSamples), sampler,
+                                                torch::data::DataLoaderOptions().batch_size(kBatch).workers(workers));
+    int seen = 0;
+    for (auto& batch : *loader) {
+      if (++seen == 5) break;
+    }
+  };
+  five_batches(2);
+  const std::string why =
+      ": this sampler feeds LibTorch's torch::data::make_data_loader with workers, which asks it for batches ahead "
+      "of the program (max_jobs, 2 x workers by default), so its count would include samples the program has not "
+      "received and a resume from it would skip them. Make the loader with ddp::make_data_loader "
+      "(<ddp/data_loader.h>): LibTorch's loader with the same options, whose sampler counts what reached the loop";
+  EXPECT_EQ(ddp::test::error_of<std::logic_error>([&] { sampler.state(); }), "DistributedSampler::state()" + why);
+  torch::serialize::OutputArchive archive;
+  EXPECT_EQ(ddp::test::error_of<std::logic_error>([&] { sampler.save(archive); }), "DistributedSampler::save()" + why);
+
+  sampler.set_epoch(0);
+  five_batches(0);
+  EXPECT_EQ(sampler.state(), (ddp::SamplerState{0, 20}));
+  sampler.set_epoch(0);
+  auto loader = loader_for(sampler, 2);  // ddp::make_data_loader: right with workers
+  int seen = 0;
+  for (auto& batch : *loader) {
+    if (++seen == 5) break;
+  }
+  EXPECT_EQ(sampler.state(), (ddp::SamplerState{0, 20}));
 }
 
 TEST(DistributedSampler, MakeDataLoaderRefusesUnorderedWorkers) {

@@ -11,7 +11,8 @@
 // ahead of the program, so the sampler alone counts batches still in the workers' hands; a resume
 // from that count would skip them. This loader is LibTorch's own (the same options, workers,
 // batches and order); only its iterator differs: it tells the sampler each time a batch reaches
-// the loop. With workers(0) the count is the same either way.
+// the loop. With workers(0) the count is the same either way; with workers, LibTorch's own
+// torch::data::make_data_loader makes state() refuse (distributed_sampler.h).
 //
 // Thread-safety: iterate a loader from one thread (the sampler's); LibTorch's workers only read
 // the dataset.
@@ -30,7 +31,7 @@ namespace ddp {
 template <typename Dataset>
 class DataLoader {
  public:
-  using Inner = torch::data::StatelessDataLoader<Dataset, DistributedSampler>;
+  using Inner = torch::data::StatelessDataLoader<Dataset, detail::LoaderSampler>;
   using BatchType = typename Inner::BatchType;
 
   // An input iterator, as LibTorch's. A batch counts as received when the iterator fetches it
@@ -90,7 +91,7 @@ class DataLoader {
           "enforce_ordering(true) (the default)");
     }
     sampler_.count_received();
-    inner_ = std::make_unique<Inner>(std::move(dataset), std::move(sampler), std::move(options));
+    inner_ = std::make_unique<Inner>(std::move(dataset), detail::LoaderSampler(std::move(sampler)), std::move(options));
   }
 
   // A new pass: the sampler restarts its epoch (or continues a loaded position), as with LibTorch.

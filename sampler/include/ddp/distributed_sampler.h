@@ -17,15 +17,22 @@
 // of the sampler, and this sharing is what lets set_epoch() on your handle reach it (Python gets
 // the same effect because its DataLoader holds a reference to the sampler).
 //
+// LibTorch's own torch::data::make_data_loader over a DistributedSampler is LibTorch's loader, which
+// first tells the sampler how it asks for batches (the end of this file): with workers it asks
+// ahead of the program, and state() then refuses rather than count samples the program never got.
+//
 // Thread-safety: a sampler belongs to one thread, the one that iterates the data loader (with
 // loader workers too: LibTorch's loader asks the sampler for indices from that thread).
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <c10/util/Optional.h>
 #include <torch/arg.h>
+#include <torch/data/dataloader/stateless.h>
+#include <torch/data/dataloader_options.h>
 #include <torch/data/samplers/base.h>
 
 #include <ddp/sampler_state.h>
@@ -86,9 +93,11 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   // Where this rank stands, for checkpoints: the epoch and how many of its indices the program
   // has received. Under ddp::make_data_loader (data_loader.h) that counts the batches the loop
   // has been handed, the one it holds included, whatever the loader's workers fetched ahead; so
-  // save after the step on a batch. Under torch::data::make_data_loader it counts what the loader
-  // asked for, which is the same only with workers(0): with workers(k) LibTorch's loader asks for
-  // max_jobs (2k by default) batches ahead, and a resume from that state would skip them.
+  // save after the step on a batch. Under torch::data::make_data_loader with workers(0) it counts
+  // what the loader asked for, which is what the program received. With workers(k) LibTorch's
+  // loader asks for max_jobs (2k by default) batches ahead, and a resume from that count would
+  // skip them: state() (and save()) then throw std::logic_error naming ddp::make_data_loader. The
+  // loader made last over this sampler decides.
   SamplerState state() const;
   // Continues exactly where a sampler with this state stopped (same dataset size and options):
   // the next pass (a data loader's begin(), or next()) starts at the loaded position, and
@@ -103,8 +112,16 @@ class DistributedSampler : public torch::data::samplers::Sampler<> {
   // ddp::make_data_loader's loader tells the sampler which batches reached the program.
   template <typename Dataset>
   friend class DataLoader;
+  // LibTorch's loader tells it whether its workers ask ahead (below).
+  template <typename Dataset, typename Sampler>
+  friend class torch::data::StatelessDataLoader;
   // From now on state() counts received batches (mark_received), not yielded ones.
   void count_received();
+  // LibTorch's own loader with `workers` now asks this sampler for batches: state() counts the
+  // yielded ones (workers 0: asked as the program wants each) or refuses (workers ask ahead).
+  void count_for_libtorch_loader(size_t workers);
+  // The count state() and save() report, or std::logic_error from `who` when there is none.
+  size_t consumed(const char* who) const;
   // The oldest batch handed out by next() and not yet received has reached the program.
   void mark_received();
   // This rank's indices in `epoch`.
@@ -121,4 +138,35 @@ std::vector<size_t> distributed_indices(size_t dataset_size, int64_t num_replica
                                         bool shuffle, int64_t seed, int64_t epoch, bool drop_last,
                                         bool pad = true);
 
+namespace detail {
+// The sampler as a loader holds it: the same position, a type of its own, so that a loader over it
+// is LibTorch's unchanged (ddp::make_data_loader's, and the one below).
+class LoaderSampler : public DistributedSampler {
+ public:
+  explicit LoaderSampler(DistributedSampler sampler) : DistributedSampler(std::move(sampler)) {}
+};
+}  // namespace detail
+
 }  // namespace ddp
+
+namespace torch::data {
+
+// What torch::data::make_data_loader(dataset, ddp::DistributedSampler, options) builds: LibTorch's
+// own loader (the same options, workers, batches and order), which tells the sampler first
+// whether its workers ask ahead of the program, so that state() is right or refuses.
+template <typename Dataset>
+class StatelessDataLoader<Dataset, ddp::DistributedSampler>
+    : public StatelessDataLoader<Dataset, ddp::detail::LoaderSampler> {
+ public:
+  StatelessDataLoader(Dataset dataset, ddp::DistributedSampler sampler, DataLoaderOptions options)
+      : StatelessDataLoader<Dataset, ddp::detail::LoaderSampler>(std::move(dataset), told(std::move(sampler), options),
+                                                                 options) {}
+
+ private:
+  static ddp::detail::LoaderSampler told(ddp::DistributedSampler sampler, const DataLoaderOptions& options) {
+    sampler.count_for_libtorch_loader(options.workers());
+    return ddp::detail::LoaderSampler(std::move(sampler));
+  }
+};
+
+}  // namespace torch::data
