@@ -268,7 +268,8 @@ TEST_F(Bombs, CodeRecordsAreInflatedOnlyWithinTheBudget) {
   EXPECT_LT(loaded.peak_mib, kPeakLimitMiB);
 }
 
-// A small record deflated where no writer deflates: LibTorch inflated it and loaded the file.
+// A small record deflated where no writer deflates reached LibTorch's zip reader unchecked (one
+// zipped by Python's zipfile loaded: tests/fuzz/corpus/regression-deflated-tensor).
 TEST_F(Bombs, CompressedRecordsAreRefusedWhereNoWriterCompresses) {
   auto entries = entries_of(archive_);
   const std::string weight = content_of(entries, "data/0");
