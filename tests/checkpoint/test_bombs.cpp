@@ -1,7 +1,9 @@
 // Small files that would take gigabytes to load (issue 39): a deflated data.pkl of 1 GiB, code
 // records of 1 GiB each in the optimizer's archive, sparse files of 6 and 50 GiB. Each is built
 // here, loaded in a child process, and refused with its message while the child's peak resident
-// set (ru_maxrss, from wait4) stays under 400 MB; a normal load peaks near 200 MB.
+// set (ru_maxrss, from wait4) stays under 400 MiB; a normal load peaks near 165 MiB with LibTorch
+// 1.13 (where LibTorch's own libraries take more, as a build with CUDA's, the limit is a normal
+// load's peak plus 100 MiB).
 #ifndef _WIN32
 #include <signal.h>
 #include <sys/resource.h>
@@ -32,7 +34,6 @@ using ckpt_test::contains;
 using ckpt_test::ToyModel;
 
 constexpr uint64_t kGiB = uint64_t{1} << 30;
-constexpr long kPeakLimitMiB = 400;
 
 // --- a zip writer of our own: records stored, or deflated from a stream never held whole --------------
 struct ZipEntry {
@@ -222,6 +223,15 @@ class Bombs : public ::testing::Test {
               << " MiB" << std::endl;
     return loaded;
   }
+  // 400 MiB, or a normal load's peak plus 100 MiB where that is more (measured once).
+  long peak_limit_mib() {
+    static const long limit = [this] {
+      const ChildLoad normal = load(path_);
+      EXPECT_EQ(normal.result, "loaded");
+      return std::max(400L, normal.peak_mib + 100);
+    }();
+    return limit;
+  }
 
   std::string dir_, path_;
   std::vector<char> archive_;
@@ -236,7 +246,7 @@ TEST_F(Bombs, ADeflatedModelPickleIsRefusedBeforeItInflates) {
   const ChildLoad loaded = load(file);
   EXPECT_EQ(loaded.result, file + " is not a sound zip archive: record data.pkl is compressed, where no checkpoint "
                                   "writer (nor torch.save) compresses");
-  EXPECT_LT(loaded.peak_mib, kPeakLimitMiB);
+  EXPECT_LT(loaded.peak_mib, peak_limit_mib());
 }
 
 // Before: every code record was inflated into a map before any was checked, 4.4 GB for three.
@@ -265,7 +275,7 @@ TEST_F(Bombs, CodeRecordsAreInflatedOnlyWithinTheBudget) {
   EXPECT_TRUE(contains(loaded.result, " left of what this archive may inflate (32 times its " +
                                           std::to_string(inner_zip.size()) + " bytes, at most 256 MiB)"))
       << loaded.result;
-  EXPECT_LT(loaded.peak_mib, kPeakLimitMiB);
+  EXPECT_LT(loaded.peak_mib, peak_limit_mib());
 }
 
 // A small record deflated where no writer deflates reached LibTorch's zip reader unchecked (one
@@ -326,13 +336,13 @@ TEST_F(Bombs, SparseFilesAreRefusedBeforeTheyAreReadWhole) {
   ChildLoad loaded = load(huge);
   EXPECT_EQ(loaded.result, "checkpoint " + huge + " is truncated at byte " + std::to_string(50 * kGiB) +
                                ": its end-of-checkpoint trailer is missing (an interrupted write or a cut copy)");
-  EXPECT_LT(loaded.peak_mib, kPeakLimitMiB);
+  EXPECT_LT(loaded.peak_mib, peak_limit_mib());
 
   const std::string zeros = sparse_file(dir_ + "/zeros.pt", 6 * kGiB, "", "");
   loaded = load(zeros);
   EXPECT_EQ(loaded.result, zeros + " is not a torchddp checkpoint: it is not a zip archive (its first bytes are "
                                    "00 00 00 00, a checkpoint's are 50 4b 03 04)");
-  EXPECT_LT(loaded.peak_mib, kPeakLimitMiB);
+  EXPECT_LT(loaded.peak_mib, peak_limit_mib());
 
   // A real checkpoint after a hole: its trailer counts fewer bytes than the file has.
   const std::string checkpoint = [&] {
@@ -344,7 +354,7 @@ TEST_F(Bombs, SparseFilesAreRefusedBeforeTheyAreReadWhole) {
   EXPECT_EQ(loaded.result, "checksum mismatch in " + padded + ": trailer records " +
                                std::to_string(checkpoint.size() - 61) + " bytes before it, the file has " +
                                std::to_string(6 * kGiB - 61));
-  EXPECT_LT(loaded.peak_mib, kPeakLimitMiB);
+  EXPECT_LT(loaded.peak_mib, peak_limit_mib());
 
   // Sealed with a valid checksum, its directory records (ZIP64: the file is past 4 GiB) pointing
   // at zeros: the directory is read (and the checksum computed a chunk at a time) before the file.
@@ -380,7 +390,7 @@ TEST_F(Bombs, SparseFilesAreRefusedBeforeTheyAreReadWhole) {
                                          std::string(end.begin(), end.end()) + std::string(trailer, 61));
   loaded = load(sealed);
   EXPECT_EQ(loaded.result, sealed + " is not a sound zip archive: the zip directory entry 0 is damaged");
-  EXPECT_LT(loaded.peak_mib, kPeakLimitMiB);
+  EXPECT_LT(loaded.peak_mib, peak_limit_mib());
 }
 
 }  // namespace
