@@ -340,7 +340,7 @@ int main(int argc, char** argv) {
                                       "must fit the parameters' 32-bit floats)"));
   app.add_flag("--allow-nonfinite", options.allow_nonfinite,
                "keep training when the loss is NaN or infinite (by default the job stops at that step, exit code 1)");
-  // DistributedDataParallel's own range for both caps (ddp_options.h).
+  // DistributedDataParallel's own range for both caps: it refuses others, but only once the job runs.
   const CLI::Validator bucket_cap = examples::finite_number(
       0, 1e12, "must be a finite number of MiB from 0 to 1e+12 (a cap above the model's size already puts every "
                "gradient in one bucket)");
