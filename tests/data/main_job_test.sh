@@ -373,6 +373,12 @@ case $mode in
     refused --no-such-flag "The following argument was not expected: --no-such-flag"
     refused --checkpoint-dir "$dir/a-file" "^--checkpoint-dir: '$dir/a-file' exists and is not a directory: name a directory for the checkpoints$"
     refused --checkpoint-dir "$dir/a-file/sub" "^--checkpoint-dir: cannot create the directory '$dir/a-file/sub': Not a directory"
+    # The edges of the rules run: the smallest seed, caps of 0 and 1e12 MiB, the largest --lr (its
+    # loss turns NaN, allowed here, and LibTorch's Adam does not fail converting its step to float).
+    out=$(timeout 120 "$train" --epochs 1 --limit-train 64 --batch-size 32 --seed -9223372036854775808 --bucket-cap-mb 0 \
+            --first-bucket-cap-mb 1e12 --lr 1e37 --allow-nonfinite --init-method env:// --backend gloo 2>&1) ||
+      fail "values at the edges of the rules: exit code $?"
+    grep -q "^epoch 1/1: " <<<"$out" || fail "values at the edges of the rules: no epoch line"
     ;;
 
   nonfinite)
