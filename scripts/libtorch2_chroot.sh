@@ -33,7 +33,7 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 # libopenblas0-pthread: as on the host, LibTorch's BLAS calls go to OpenBLAS, not the reference BLAS.
 PACKAGES="cmake g++ ninja-build ccache pkg-config zlib1g-dev libtorch-dev libgloo-dev libfmt-dev
           libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev dataset-fashion-mnist gnuplot-nox
-          procps iproute2 python3-torch openmpi-bin libopenblas0-pthread"
+          procps iproute2 python3-torch openmpi-bin libopenblas0-pthread libssl-dev"
 
 log() { echo "[libtorch2] $*"; }
 

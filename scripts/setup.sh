@@ -3,6 +3,7 @@
 # With arguments, installs those packages instead (a script's own extras: scripts/windows_syntax.sh).
 set -euo pipefail
 packages=(cmake g++ ninja-build ccache pkg-config zlib1g-dev
+          libssl-dev            # ddprun: HMAC-SHA256 for the launchers' store
           libtorch-dev libgloo-dev libfmt-dev libgtest-dev libgmock-dev libcli11-dev
           nlohmann-json3-dev dataset-fashion-mnist gnuplot-nox procps iproute2
           libopenblas0-pthread  # a real BLAS: Debian's LibTorch otherwise uses the reference one

@@ -15,6 +15,7 @@
 #include "options.h"
 #include "output.h"
 #include "process.h"
+#include "secret.h"
 #include "signals.h"
 
 namespace ddprun {
@@ -73,7 +74,7 @@ std::vector<std::string> node_command(const Options& options, const std::string&
                                 "--monitor-interval", text(options.monitor_interval_s),
                                 "--timeout", text(options.rdzv_timeout_s),
                                 "--grace-period", text(options.grace_period_s),
-                                "--stop-when-stdin-closes"};
+                                "--stop-when-stdin-closes", "--rdzv-token-stdin"};
   if (!options.log_dir.empty()) args.insert(args.end(), {"--log-dir", options.log_dir});
   if (!options.tee) args.push_back("--no-tee");
   if (!options.prefix) args.push_back("--no-prefix");
@@ -154,7 +155,8 @@ std::string why_failed(const Options& options, const Node& node, const std::stri
 
 class Coordinator {
  public:
-  explicit Coordinator(const Options& options) : options_(options), ddprun_(own_executable()) {}
+  explicit Coordinator(const Options& options)
+      : options_(options), ddprun_(own_executable()), token_(job_token(options)) {}
 
   int run() {
     // 1. Know which hosts need ssh before starting anything, so a missing ssh starts nothing.
@@ -185,6 +187,9 @@ class Coordinator {
         failed_ = static_cast<int>(k);
         break;
       }
+      // The token goes through the pipe, never a command line another user could read in ps.
+      const std::string line = token_ + "\n";
+      (void)!write(node.child.stdin_fd, line.data(), line.size());
     }
 
     // 3. Relay output until every node launcher exited. A signal stops them all at once, and so
@@ -273,6 +278,7 @@ class Coordinator {
 
   const Options& options_;
   const std::string ddprun_;
+  const std::string token_;  // the job's rendezvous token, handed to each node launcher
   std::vector<Node> nodes_;
   int failed_ = -1;  // the first node whose launcher failed
   int signal_ = 0;   // the stop signal we received

@@ -16,8 +16,6 @@
 namespace ddprun {
 namespace {
 
-constexpr int kMaxSlots = 1024;  // as --nproc-per-node
-
 int parse_slots(const std::string& text, const std::string& where) {
   size_t used = 0;
   int slots = 0;
@@ -25,8 +23,8 @@ int parse_slots(const std::string& text, const std::string& where) {
     slots = std::stoi(text, &used);
   } catch (const std::logic_error&) {
   }
-  if (text.empty() || used != text.size() || slots < 1 || slots > kMaxSlots) {
-    throw UsageError(where + ": slots must be a number from 1 to " + std::to_string(kMaxSlots) + " (got '" + text + "')");
+  if (text.empty() || used != text.size() || slots < 1 || slots > kMaxRanksPerNode) {
+    throw UsageError(where + ": slots must be a number from 1 to " + std::to_string(kMaxRanksPerNode) + " (got '" + text + "')");
   }
   return slots;
 }
@@ -137,6 +135,11 @@ bool is_this_host(const std::string& name) {
     if (is_loopback_address(address) || own.count(address) > 0) return true;
   }
   return false;
+}
+
+bool is_address_literal(const std::string& name) {
+  unsigned char bytes[sizeof(in6_addr)];
+  return inet_pton(AF_INET, name.c_str(), bytes) == 1 || inet_pton(AF_INET6, name.c_str(), bytes) == 1;
 }
 
 bool is_loopback(const std::string& name) {

@@ -26,4 +26,7 @@ bool is_this_host(const std::string& name);
 // Whether `name` resolves only to loopback addresses (other hosts could not reach it there).
 bool is_loopback(const std::string& name);
 
+// Whether `name` is an IPv4 or IPv6 address written out, not a host name.
+bool is_address_literal(const std::string& name);
+
 }  // namespace ddprun

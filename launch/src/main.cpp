@@ -9,6 +9,7 @@
 #include "coordinator.h"
 #include "options.h"
 #include "rendezvous.h"
+#include "secret.h"
 #include "signals.h"
 #include "supervisor.h"
 
@@ -28,8 +29,10 @@ void report(const ddprun::RoundResult& result) {
 int run(ddprun::Options& options) {
   // Handlers first: a node launcher of `ddprun -H` may be told to stop while still connecting.
   ddprun::install_signal_handlers();
+  // The token first: a node launcher of `ddprun -H` reads it from stdin before watching stdin close.
+  const std::string token = options.nnodes > 1 ? ddprun::job_token(options) : "";
   if (options.stop_when_stdin_closes) ddprun::hang_up_when_stdin_closes("node " + std::to_string(options.node_rank));
-  auto rendezvous = ddprun::make_rendezvous(options);
+  auto rendezvous = ddprun::make_rendezvous(options, token);
   if (ddprun::sets_omp_num_threads(options)) {
     std::cerr << "ddprun: setting OMP_NUM_THREADS=1 for each rank to avoid oversubscribing the CPUs; "
                  "set it yourself to tune\n";

@@ -49,7 +49,6 @@ int count_gpus() {
 
 namespace {
 
-constexpr int kMaxRanksPerNode = 1024;
 constexpr double kMaxSeconds = 86400;
 
 int parse_nproc(const std::string& text) {
@@ -137,6 +136,13 @@ bool parse_options(int argc, char** argv, Options& options) {
       ->allow_extra_args(false);
   app.add_option("--ssh", options.ssh_command, "with -H: the ssh command, split at spaces (e.g. 'ssh -F cluster.conf')")
       ->capture_default_str();
+  app.add_option("--rdzv-token-file", options.rdzv_token_file,
+                 "several nodes: a file (mode 0600) holding the job's rendezvous token, the same on every node "
+                 "(or DDPRUN_RDZV_TOKEN); node 0 makes one when none is given");
+  app.add_flag("--rdzv-listen-all", options.rdzv_listen_all,
+               "several nodes: node 0's store listens on every interface, not only --master-addr's");
+  app.add_flag("--rdzv-token-stdin", options.rdzv_token_stdin,
+               "read the rendezvous token from stdin's first line (what -H gives each node launcher)");
   app.add_flag("--stop-when-stdin-closes", options.stop_when_stdin_closes,
                "stop as on SIGHUP when stdin reaches EOF (what -H gives each node launcher)");
   app.set_version_flag("--version", "ddprun " DDPRUN_VERSION);
@@ -225,10 +231,12 @@ bool parse_options(int argc, char** argv, Options& options) {
   if (options.max_restarts < 0) throw UsageError("--max-restarts must be >= 0");
   // Durations in seconds: finite and within a day (nan, inf or 1e308 would act as 0 or overflow).
   auto check_seconds = [](const char* name, double value, bool zero_ok) {
-    if (!std::isfinite(value) || value < 0 || (!zero_ok && value == 0) || value > kMaxSeconds) {
+    // Below a millisecond a duration would act as 0: every wait is counted in milliseconds.
+    if (!std::isfinite(value) || value < 0 || (!zero_ok && value == 0) || (value > 0 && value < 0.001) ||
+        value > kMaxSeconds) {
       std::ostringstream text;
       text << name << " " << value << " is not a duration in seconds: use a number " << (zero_ok ? ">= 0" : "> 0")
-           << " and at most " << kMaxSeconds << " (a day)";
+           << " and at most " << kMaxSeconds << " (a day); one that is not 0 at least 0.001 (a millisecond)";
       throw UsageError(text.str());
     }
   };

@@ -14,6 +14,8 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+constexpr int kMaxRanksPerNode = 1024;  // --nproc-per-node, -H slots and the counts in the store
+
 struct Options {
   int nproc_per_node = 1;
   int nnodes = 1;
@@ -39,6 +41,11 @@ struct Options {
   std::vector<std::string> forward_env;  // -x NAME or NAME=VALUE: also sent to the other hosts
   std::string ssh_command = "ssh";        // --ssh: how to reach a host, split at spaces
   bool stop_when_stdin_closes = false;    // a node launcher the coordinator started (signals.h)
+
+  // Multi-node: the job's rendezvous token (secret.h) and where node 0's store listens.
+  std::string rdzv_token_file;
+  bool rdzv_token_stdin = false;  // a node launcher the coordinator started: the token's first line on stdin
+  bool rdzv_listen_all = false;   // every interface, not only --master-addr's
 };
 
 // Parses argv. Returns false when the caller should exit 0 at once (--help, --version).

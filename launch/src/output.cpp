@@ -1,9 +1,12 @@
 #include "output.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <stdexcept>
 
@@ -47,6 +50,28 @@ void write_all(int fd, const std::string& out) {
   }
 }
 
+// Opens a rank's log without following a link another user could have planted there: the file is
+// a regular file of ours with one name, or it is refused (O_NONBLOCK: a planted FIFO cannot block).
+FILE* open_log(const std::string& path, bool truncate) {
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (truncate ? 0 : O_APPEND),
+                      0666);
+  if (fd < 0) {
+    throw std::runtime_error("cannot write log file " + path + ": " +
+                             (errno == ELOOP ? std::string("it is a symbolic link, which ddprun does not follow")
+                                             : std::string(strerror(errno))));
+  }
+  struct stat info {};
+  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode) || info.st_uid != geteuid() || info.st_nlink != 1) {
+    close(fd);
+    throw std::runtime_error("cannot write log file " + path +
+                             ": it is not a regular file of this user with a single name (remove it, or pick another "
+                             "--log-dir)");
+  }
+  if (truncate) (void)!ftruncate(fd, 0);
+  fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  return fdopen(fd, truncate ? "w" : "a");
+}
+
 }  // namespace
 
 RankOutput::RankOutput(int rank, int restart, const OutputSettings& settings) : rank_(rank), settings_(settings) {
@@ -55,8 +80,7 @@ RankOutput::RankOutput(int rank, int restart, const OutputSettings& settings) : 
   std::filesystem::create_directories(settings_.log_dir, ignored);
   log_path_ = settings_.log_dir + "/rank_" + std::to_string(rank) + ".log";
   // Appending keeps the output of earlier attempts next to the restart that followed them.
-  log_ = std::fopen(log_path_.c_str(), restart == 0 ? "w" : "a");
-  if (log_ == nullptr) throw std::runtime_error("cannot write log file " + log_path_);
+  log_ = open_log(log_path_, restart == 0);
   if (restart > 0) std::fprintf(log_, "===== ddprun: restart %d =====\n", restart);
   std::fflush(log_);
 }

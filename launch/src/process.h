@@ -62,6 +62,8 @@ std::vector<std::string> current_environment();
 // server sets it. Returns -1 with errno set when neither works. The one bind for the launcher's
 // store and for port_is_free.
 int listen_any(int port, int backlog);
+// The same on the addresses `address` resolves to (every address when it is empty).
+int listen_at(const std::string& address, int port, int backlog);
 // True when a TCP port can be listened on by this host right now.
 bool port_is_free(int port);
 // A port that was free a moment ago (the kernel's pick).

@@ -1,6 +1,7 @@
 #include "process.h"
 
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <string.h>
@@ -207,6 +208,33 @@ int listen_any(int port, int backlog) {
   }
   errno = error;
   return -1;
+}
+
+int listen_at(const std::string& address, int port, int backlog) {
+  if (address.empty()) return listen_any(port, backlog);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(address.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) {
+    errno = EADDRNOTAVAIL;
+    return -1;
+  }
+  int fd = -1, error = EADDRNOTAVAIL;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, backlog) == 0) break;
+    error = errno;
+    close(fd);
+    fd = -1;
+  }
+  freeaddrinfo(found);
+  if (fd < 0) errno = error;
+  return fd;
 }
 
 bool port_is_free(int port) {

@@ -6,8 +6,10 @@
 #include <thread>
 #include <vector>
 
+#include "hosts.h"
 #include "options.h"
 #include "process.h"
+#include "secret.h"
 #include "signals.h"
 #include "store.h"
 
@@ -21,12 +23,22 @@ std::chrono::milliseconds to_ms(double seconds) {
 }
 
 // 64 random bits as hex: a job's run id.
-std::string random_run_id() {
-  std::random_device random;
-  const uint64_t bits = (static_cast<uint64_t>(random()) << 32) ^ random();
-  char text[17];
-  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(bits));
-  return text;
+std::string random_run_id() { return random_hex(8); }
+
+// Where node 0's store listens: the address the other nodes were given (--master-addr), or every
+// interface with --rdzv-listen-all. A host name that resolves to loopback here (Debian maps a
+// host's own name to 127.0.1.1) is still how the other hosts reach it: every interface then too.
+std::string store_address(const Options& options) {
+  const bool literal = options.master_addr == "localhost" || is_address_literal(options.master_addr);
+  if (options.rdzv_listen_all || (!literal && is_loopback(options.master_addr))) return "";
+  return options.master_addr;
+}
+
+// A count or port another launcher stored: checked like a command-line number.
+int stored_number(const std::optional<std::string>& text, const std::string& what, int low, int high) {
+  if (auto number = parse_number(text.value_or(""), low, high)) return static_cast<int>(*number);
+  throw RendezvousError("the store holds a bad " + what + " '" + text.value_or("").substr(0, 80) + "' (expected " +
+                        std::to_string(low) + ".." + std::to_string(high) + ")");
 }
 
 // One node: the world is this node's ranks; MASTER_PORT is --master-port (or a free one).
@@ -57,7 +69,7 @@ bool stop_signal_seen() { return stop_signal() != 0; }
 
 class StoreRendezvous : public Rendezvous {
  public:
-  explicit StoreRendezvous(const Options& options)
+  StoreRendezvous(const Options& options, const std::string& token)
       : nnodes_(options.nnodes),
         node_(options.node_rank),
         nproc_(options.nproc_per_node),
@@ -66,17 +78,24 @@ class StoreRendezvous : public Rendezvous {
         timeout_(to_ms(options.rdzv_timeout_s)),
         interval_(to_ms(options.monitor_interval_s)),
         grace_(to_ms(options.grace_period_s)) {
+    const std::string listen_address = store_address(options);
     if (node_ == 0) {
       try {
-        server_ = std::make_unique<StoreServer>(port_);
+        server_ = std::make_unique<StoreServer>(listen_address, port_, token);
       } catch (const std::exception& error) {
-        throw UsageError("--master-port " + std::to_string(port_) +
-                         " is already in use on this host (node 0 hosts the launchers' store there): " +
-                         error.what());
+        if (!port_is_free(port_)) {
+          throw UsageError("--master-port " + std::to_string(port_) +
+                           " is already in use on this host (node 0 hosts the launchers' store there): " + error.what());
+        }
+        throw UsageError("node 0 hosts the launchers' store at --master-addr " + addr_ + ", but " + error.what() +
+                         ": give an address of this host, or --rdzv-listen-all to listen on every interface");
       }
     }
+    const std::string store_host = node_ != 0 ? addr_ : listen_address.empty() ? "localhost" : listen_address;
     try {
-      store_ = std::make_unique<StoreClient>(node_ == 0 ? "localhost" : addr_, port_, timeout_, stop_signal_seen);
+      store_ = std::make_unique<StoreClient>(store_host, port_, token, timeout_, stop_signal_seen);
+    } catch (const StoreTrustError& error) {
+      throw RendezvousError("node 0's launcher at " + addr_ + ":" + std::to_string(port_) + " " + error.what());
     } catch (const std::exception& error) {
       throw RendezvousError("could not reach node 0's launcher at " + addr_ + ":" + std::to_string(port_) +
                             " within " + seconds(timeout_) + " (" + error.what() +
@@ -115,10 +134,11 @@ class StoreRendezvous : public Rendezvous {
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
-      if (n < node_) info.rank_offset += std::stoi(*count);
-      info.world_size += std::stoi(*count);
+      const int ranks = stored_number(count, "rank count of node " + std::to_string(n), 1, kMaxRanksPerNode);
+      if (n < node_) info.rank_offset += ranks;
+      info.world_size += ranks;
     }
-    info.master_port = std::stoi(store_->get(p + "port").value_or("0"));
+    info.master_port = stored_number(store_->get(p + "port"), "MASTER_PORT", 1, 65535);
     info.run_id = store_->get(p + "run_id").value_or("");
     return info;
   }
@@ -194,9 +214,9 @@ class StoreRendezvous : public Rendezvous {
 
 }  // namespace
 
-std::unique_ptr<Rendezvous> make_rendezvous(const Options& options) {
+std::unique_ptr<Rendezvous> make_rendezvous(const Options& options, const std::string& token) {
   if (options.nnodes == 1) return std::make_unique<LocalRendezvous>(options);
-  return std::make_unique<StoreRendezvous>(options);
+  return std::make_unique<StoreRendezvous>(options, token);
 }
 
 }  // namespace ddprun

@@ -1,7 +1,8 @@
 #pragma once
 // How the launchers of one job agree on the world before each attempt ("round"), and how they
 // tell each other about a failure. One node: nothing to agree on. Several nodes: a small
-// key-value store (store.h) hosted by node 0's launcher on --master-port, with keys namespaced by round:
+// key-value store (store.h) hosted by node 0's launcher on --master-port, open only to launchers
+// that know the job's token (secret.h), with keys namespaced by round:
 //   r<k>/nproc/<node>  each node's rank count     r<k>/port    the ranks' MASTER_PORT (node 0 picks)
 //   r<k>/failed        why the round failed         r<k>/done    nodes whose ranks all succeeded
 #include <chrono>
@@ -47,7 +48,8 @@ class Rendezvous {
   virtual void leave() {}
 };
 
-// Throws UsageError when node 0 cannot host the store on --master-port (port in use).
-std::unique_ptr<Rendezvous> make_rendezvous(const Options& options);
+// Throws UsageError when node 0 cannot host the store on --master-port (port in use). `token` is
+// the job's rendezvous token (secret.h: job_token), unused with one node.
+std::unique_ptr<Rendezvous> make_rendezvous(const Options& options, const std::string& token);
 
 }  // namespace ddprun

@@ -1,5 +1,6 @@
 #include "store.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -11,15 +12,28 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <stdexcept>
-#include <vector>
+#include <iostream>
 
 #include "process.h"
+#include "secret.h"
 
 namespace ddprun {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr size_t kMaxPendingReplies = 64 * 1024;             // bytes queued for one client
+constexpr size_t kMaxHandshakes = 64;                        // connections not yet trusted
+constexpr int kRefusalsShown = 5;
+constexpr size_t kNonceBytes = 16;
+const char* const kGreeting = "DDPRUN-STORE 1 ";
+
+std::string client_proof(const std::string& token, const std::string& store_nonce, const std::string& client_nonce) {
+  return hmac_hex(token, "ddprun client " + store_nonce + " " + client_nonce);
+}
+std::string store_proof(const std::string& token, const std::string& store_nonce, const std::string& client_nonce) {
+  return hmac_hex(token, "ddprun store " + store_nonce + " " + client_nonce);
+}
 
 void write_all(int fd, const std::string& data) {
   for (size_t sent = 0; sent < data.size();) {
@@ -30,16 +44,37 @@ void write_all(int fd, const std::string& data) {
   }
 }
 
-int listen_on(int port) {
-  const int fd = listen_any(port, 64);
-  if (fd < 0) throw std::runtime_error("cannot listen on port " + std::to_string(port) + ": " + strerror(errno));
-  return fd;
+std::string peer_name(int fd) {
+  sockaddr_storage address{};
+  socklen_t size = sizeof(address);
+  char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&address), &size) == 0) {
+    getnameinfo(reinterpret_cast<sockaddr*>(&address), size, host, sizeof(host), port, sizeof(port),
+                NI_NUMERICHOST | NI_NUMERICSERV);
+  }
+  return std::string(host) + ":" + port;
 }
 
 }  // namespace
 
-StoreServer::StoreServer(int port) {
-  listen_fd_ = listen_on(port);
+struct StoreServer::Connection {
+  enum class Phase { kChallenged, kTrusted, kRefused };  // kRefused: closed once its reply is out
+  int fd = -1;
+  std::string peer;  // for messages
+  Phase phase = Phase::kChallenged;
+  std::string nonce;  // ours, sent in the greeting
+  LineReader in;
+  std::string out;  // replies not sent yet
+  Clock::time_point deadline;  // challenged: the handshake's end; with replies pending: their reading's
+};
+
+StoreServer::StoreServer(const std::string& address, int port, std::string token, StoreLimits limits)
+    : token_(std::move(token)), limits_(limits) {
+  listen_fd_ = listen_at(address, port, 64);
+  if (listen_fd_ < 0) {
+    throw std::runtime_error("cannot listen on " + (address.empty() ? std::string("every address") : address) +
+                             " port " + std::to_string(port) + ": " + strerror(errno));
+  }
   if (pipe2(stop_pipe_, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
   thread_ = std::thread([this] { serve(); });
 }
@@ -52,77 +87,108 @@ StoreServer::~StoreServer() {
   close(stop_pipe_[1]);
 }
 
-std::string StoreServer::handle(const std::string& request) {
-  const auto space = request.find(' ');
-  const std::string command = request.substr(0, space);
-  const std::string rest = space == std::string::npos ? "" : request.substr(space + 1);
-  const auto key_end = rest.find(' ');
-  const std::string key = rest.substr(0, key_end);
-  const std::string value = key_end == std::string::npos ? "" : rest.substr(key_end + 1);
-  if (command == "SET") {
-    data_[key] = value;
-    return "OK";
+// A new connection is greeted with a fresh nonce. Connections that have not proved the token are
+// bounded: the oldest makes room, so a flood of strangers cannot keep a launcher out for long.
+void StoreServer::accept_one(std::vector<Connection>& connections) {
+  const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  if (fd < 0) return;
+  const auto challenged = [](const Connection& c) { return c.phase == Connection::Phase::kChallenged && c.fd >= 0; };
+  if (static_cast<size_t>(std::count_if(connections.begin(), connections.end(), challenged)) >= kMaxHandshakes) {
+    auto oldest = std::find_if(connections.begin(), connections.end(), challenged);
+    close(oldest->fd);
+    oldest->fd = -1;
   }
-  if (command == "GET") {
-    auto it = data_.find(key);
-    return it == data_.end() ? "NONE" : "VALUE " + it->second;
+  Connection c;
+  c.fd = fd;
+  c.peer = peer_name(fd);
+  c.nonce = random_hex(kNonceBytes);
+  c.out = kGreeting + c.nonce + "\n";
+  c.deadline = Clock::now() + limits_.handshake;
+  connections.push_back(std::move(c));
+}
+
+std::string StoreServer::respond(Connection& c, const std::string& line) {
+  if (c.phase == Connection::Phase::kTrusted) return table_.apply(line);
+  // "AUTH <client nonce> <proof>": the only line a connection may send before it is trusted.
+  const size_t first = line.find(' '), second = line.find(' ', first + 1);
+  const std::string nonce = second == std::string::npos ? "" : line.substr(first + 1, second - first - 1);
+  const std::string proof = second == std::string::npos ? "" : line.substr(second + 1);
+  if (line.compare(0, 5, "AUTH ") == 0 && nonce.size() == 2 * kNonceBytes &&
+      same_secret(proof, client_proof(token_, c.nonce, nonce))) {
+    c.phase = Connection::Phase::kTrusted;
+    return "WELCOME " + store_proof(token_, c.nonce, nonce);
   }
-  if (command == "ADD") {
-    long current = 0;
-    if (auto it = data_.find(key); it != data_.end()) current = std::stol(it->second);
-    current += std::stol(value);
-    data_[key] = std::to_string(current);
-    return std::to_string(current);
+  c.phase = Connection::Phase::kRefused;
+  if (refusals_shown_ < kRefusalsShown) {
+    std::cerr << "ddprun: the launchers' store refused a connection from " + c.peer +
+                     ": it did not prove it knows this job's rendezvous token" +
+                     (++refusals_shown_ == kRefusalsShown ? " (further refusals are not shown)\n" : "\n");
   }
-  return "ERROR unknown command";
+  return "DENIED this store serves one ddprun job: the connection did not prove it knows the job's rendezvous token";
+}
+
+// Answers the lines already received, as long as the replies waiting to go out stay small.
+void StoreServer::answer_buffered(Connection& c) {
+  while (c.out.size() < kMaxPendingReplies && c.phase != Connection::Phase::kRefused) {
+    auto line = c.in.next();
+    if (!line) break;
+    if (c.out.empty()) c.deadline = Clock::now() + limits_.reply;
+    c.out += respond(c, *line) + "\n";
+  }
+}
+
+bool StoreServer::receive(Connection& c) {
+  char buffer[4096];
+  const ssize_t n = recv(c.fd, buffer, sizeof(buffer), 0);
+  if (n < 0) return errno == EAGAIN || errno == EINTR;
+  if (n == 0) return false;
+  c.in.append(buffer, static_cast<size_t>(n));
+  answer_buffered(c);
+  return !c.in.too_long() && send_pending(c);
+}
+
+bool StoreServer::send_pending(Connection& c) {
+  while (!c.out.empty()) {
+    const ssize_t n = send(c.fd, c.out.data(), c.out.size(), MSG_NOSIGNAL);
+    if (n < 0) return errno == EAGAIN || errno == EINTR;
+    c.out.erase(0, static_cast<size_t>(n));
+    if (c.out.empty()) answer_buffered(c);  // requests that waited for room
+  }
+  if (c.phase == Connection::Phase::kTrusted) c.deadline = Clock::time_point::max();
+  return c.phase != Connection::Phase::kRefused;
 }
 
 void StoreServer::serve() {
-  struct Connection {
-    int fd;
-    std::string pending;
-  };
   std::vector<Connection> connections;
   while (true) {
+    // A client with replies pending is not read until it took them: its requests wait in the kernel.
     std::vector<pollfd> fds{{stop_pipe_[0], POLLIN, 0}, {listen_fd_, POLLIN, 0}};
-    for (const auto& c : connections) fds.push_back({c.fd, POLLIN, 0});
-    if (poll(fds.data(), fds.size(), -1) < 0) {
-      if (errno == EINTR) continue;
-      break;
+    auto next_deadline = Clock::now() + std::chrono::seconds(1);
+    for (const auto& c : connections) {
+      fds.push_back({c.fd, static_cast<short>(c.out.empty() ? POLLIN : POLLOUT), 0});
+      next_deadline = std::min(next_deadline, c.deadline);
     }
+    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next_deadline - Clock::now()).count();
+    if (poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(wait, 0) + 1)) < 0 && errno != EINTR) break;
     if (fds[0].revents != 0) break;
-    if (fds[1].revents & POLLIN) {
-      const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd >= 0) connections.push_back({fd, {}});
-    }
+    const auto now = Clock::now();
     for (size_t i = 2; i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
       Connection& c = connections[i - 2];
-      char buffer[4096];
-      const ssize_t n = recv(c.fd, buffer, sizeof(buffer), 0);
-      bool alive = n > 0;
-      if (alive) c.pending.append(buffer, static_cast<size_t>(n));
-      for (size_t newline; alive && (newline = c.pending.find('\n')) != std::string::npos;) {
-        const std::string line = c.pending.substr(0, newline);
-        c.pending.erase(0, newline + 1);
-        try {
-          write_all(c.fd, handle(line) + "\n");
-        } catch (const std::exception&) {
-          alive = false;
-        }
-      }
-      if (!alive) {
-        close(c.fd);
-        c.fd = -1;
-      }
+      bool keep = c.fd >= 0;
+      if (keep && (fds[i].revents & (POLLOUT | POLLERR | POLLHUP))) keep = send_pending(c);
+      if (keep && (fds[i].revents & POLLIN)) keep = receive(c);
+      if (keep && now >= c.deadline) keep = false;  // handshake or reply reading took too long
+      if (!keep && c.fd >= 0) close(c.fd);
+      if (!keep) c.fd = -1;
     }
+    if (fds[1].revents & POLLIN) accept_one(connections);
     connections.erase(std::remove_if(connections.begin(), connections.end(), [](const Connection& c) { return c.fd < 0; }),
                       connections.end());
   }
   for (const auto& c : connections) close(c.fd);
 }
 
-StoreClient::StoreClient(const std::string& host, int port, std::chrono::milliseconds timeout,
+StoreClient::StoreClient(const std::string& host, int port, std::string token, std::chrono::milliseconds timeout,
                          bool (*stop_requested)())
     : timeout_(timeout) {
   const auto deadline = Clock::now() + timeout;
@@ -150,7 +216,18 @@ StoreClient::StoreClient(const std::string& host, int port, std::chrono::millise
       }
       freeaddrinfo(found);
     }
-    if (fd_ >= 0) return;
+    if (fd_ >= 0) {
+      try {
+        handshake(token);
+        return;
+      } catch (const std::exception& error) {
+        close(fd_);  // no destructor runs for a constructor that throws
+        fd_ = -1;
+        if (dynamic_cast<const StoreTrustError*>(&error) != nullptr) throw;
+        last_error = error.what();  // dropped before trusted (the store was busy): retry
+        in_ = LineReader();
+      }
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));  // node 0 not up yet: retry
   }
   throw std::runtime_error(last_error);
@@ -160,15 +237,29 @@ StoreClient::~StoreClient() {
   if (fd_ >= 0) close(fd_);
 }
 
-std::string StoreClient::request(const std::string& line) {
-  write_all(fd_, line + "\n");
+void StoreClient::handshake(const std::string& token) {
+  const std::string greeting = read_line();
+  if (greeting.rfind(kGreeting, 0) != 0 || greeting.size() != std::strlen(kGreeting) + 2 * kNonceBytes) {
+    throw StoreTrustError("is not a ddprun store (it greeted with '" + greeting.substr(0, 80) + "')");
+  }
+  const std::string store_nonce = greeting.substr(std::strlen(kGreeting));
+  const std::string nonce = random_hex(kNonceBytes);
+  const std::string reply = request("AUTH " + nonce + " " + client_proof(token, store_nonce, nonce));
+  if (reply.rfind("DENIED", 0) == 0) {
+    throw StoreTrustError("refused this node's rendezvous token: every node of a job must be given the same one "
+                          "(DDPRUN_RDZV_TOKEN or --rdzv-token-file)");
+  }
+  if (reply.rfind("WELCOME ", 0) != 0 || !same_secret(reply.substr(8), store_proof(token, store_nonce, nonce))) {
+    throw StoreTrustError("did not prove it knows this job's rendezvous token: is it node 0's ddprun of this job, "
+                          "started with the same token?");
+  }
+}
+
+std::string StoreClient::read_line() {
   const auto deadline = Clock::now() + timeout_;
   while (true) {
-    if (const auto newline = buffer_.find('\n'); newline != std::string::npos) {
-      std::string reply = buffer_.substr(0, newline);
-      buffer_.erase(0, newline + 1);
-      return reply;
-    }
+    if (auto line = in_.next()) return *line;
+    if (in_.too_long()) throw std::runtime_error("the store sent a line too long to be a reply");
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) throw std::runtime_error("store did not answer within the timeout");
     pollfd p{fd_, POLLIN, 0};
@@ -177,32 +268,33 @@ std::string StoreClient::request(const std::string& line) {
     const ssize_t n = recv(fd_, chunk, sizeof(chunk), 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) throw std::runtime_error("store connection lost");
-    buffer_.append(chunk, static_cast<size_t>(n));
+    in_.append(chunk, static_cast<size_t>(n));
   }
 }
 
+std::string StoreClient::request(const std::string& line) {
+  write_all(fd_, line + "\n");
+  return read_line();
+}
+
 void StoreClient::set(const std::string& key, const std::string& value) {
-  std::string flat = value;
-  for (char& c : flat) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  request("SET " + key + " " + flat);
+  std::string line = "SET " + key + " " + value;
+  line.resize(std::min(line.size(), kMaxStoreLine));
+  std::replace(line.begin(), line.end(), '\n', ' ');
+  std::replace(line.begin(), line.end(), '\r', ' ');
+  request(line);
 }
 
 std::optional<std::string> StoreClient::get(const std::string& key) {
   const std::string reply = request("GET " + key);
   if (reply.rfind("VALUE ", 0) == 0) return reply.substr(6);
-  if (reply.rfind("VALUE", 0) == 0) return std::string();
   return std::nullopt;
 }
 
-long StoreClient::add(const std::string& key, long amount) {
+long long StoreClient::add(const std::string& key, long long amount) {
   const std::string reply = request("ADD " + key + " " + std::to_string(amount));
-  try {
-    return std::stol(reply);
-  } catch (const std::exception&) {
-    throw std::runtime_error("bad store reply '" + reply + "'");
-  }
+  if (auto number = parse_number(reply, -kMaxStoreNumber, kMaxStoreNumber)) return *number;
+  throw std::runtime_error("bad store reply '" + reply.substr(0, 200) + "'");
 }
 
 }  // namespace ddprun

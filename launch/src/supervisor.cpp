@@ -40,7 +40,11 @@ class Round {
       const OutputSettings settings{on_console, options_.prefix, options_.log_dir};
       Rank rank;
       rank.global = info_.rank_offset + local;
-      rank.output = std::make_unique<RankOutput>(rank.global, round_, settings);
+      try {
+        rank.output = std::make_unique<RankOutput>(rank.global, round_, settings);
+      } catch (const std::exception& error) {  // its log file: the ranks started so far are stopped
+        return fail(RoundResult::kCouldNotStart, "rank " + std::to_string(rank.global) + ": " + error.what(), -1);
+      }
       try {
         rank.child = spawn(options_.program_path, options_.command,
                            rank_environment(options_, info_, local, round_));

@@ -67,7 +67,8 @@ int allreduce(const std::string& dir) {
   out << "sum=" << value[0].item<float>() << "\n"
       << "pg_rank=" << ddp::get_rank() << "\npg_world=" << world << "\n";
   for (const char* name : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                           "MASTER_ADDR", "MASTER_PORT", "DDPRUN_RESTART_COUNT", "OMP_NUM_THREADS", "TORCHDDP_RUN_ID"}) {
+                           "MASTER_ADDR", "MASTER_PORT", "DDPRUN_RESTART_COUNT", "OMP_NUM_THREADS", "TORCHDDP_RUN_ID",
+                           "DDPRUN_RDZV_TOKEN"}) {
     out << name << "=" << env(name) << "\n";
   }
   out << "done_ns=" << std::chrono::duration_cast<std::chrono::nanoseconds>(done).count() << "\n";

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -21,6 +22,7 @@
 #include <ddp/version.h>
 
 #include "multiprocess.h"
+#include "stranger.h"
 #include "subprocess.h"
 
 namespace {
@@ -297,7 +299,23 @@ TEST(Launch, FailureReportPointsAtTheLogFile) {
   EXPECT_NE(f.output.find("\nstarted rank 1"), std::string::npos) << "--no-prefix: " << f.output;
 }
 
+// Bad input: exit 2, the message, and no rank started.
+void expect_exit_two(const std::vector<std::string>& args, const std::string& message) {
+  auto tag = launch_test::unique_tag("bad");
+  auto f = launch_test::run(args, {{"DDPRUN_TEST_TAG", tag}}, 30s);
+  EXPECT_EQ(f.exit_code, 2) << describe(f);
+  EXPECT_NE(f.output.find("ddprun: error: " + message), std::string::npos) << f.output;
+  EXPECT_EQ(f.output.find("[rank"), std::string::npos) << "a rank was started: " << f.output;
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
 // --- several nodes -------------------------------------------------------------------------------
+
+// The launchers of one job share a rendezvous token (node 0's store refuses anyone without it).
+const std::string kJobToken = "launch-test-token-0123456789";
+std::map<std::string, std::string> job_env(const std::string& tag) {
+  return {{"DDPRUN_TEST_TAG", tag}, {"DDPRUN_RDZV_TOKEN", kJobToken}};
+}
 
 TEST(Launch, TwoNodesOnLoopbackFormOneWorld) {
   TempDir dir;
@@ -311,8 +329,8 @@ TEST(Launch, TwoNodesOnLoopbackFormOneWorld) {
     return o;
   };
   // Node 1 first: its launcher must wait for node 0's store to come up.
-  Subprocess node1(ddprun(options("1"), {"allreduce", dir.path}), {{"DDPRUN_TEST_TAG", tag}});
-  Subprocess node0(ddprun(options("0"), {"allreduce", dir.path}), {{"DDPRUN_TEST_TAG", tag}});
+  Subprocess node1(ddprun(options("1"), {"allreduce", dir.path}), job_env(tag));
+  Subprocess node0(ddprun(options("0"), {"allreduce", dir.path}), job_env(tag));
   auto f0 = node0.wait(120s);
   auto f1 = node1.wait(30s);
   ASSERT_EQ(f0.exit_code, 0) << describe(f0) << "\nnode 1: " << describe(f1);
@@ -331,8 +349,8 @@ TEST(Launch, FailureOnOneNodeStopsTheOtherNode) {
                                     "--node-rank", node, "--timeout", "60", "--monitor-interval", "0.05"};
   };
   // Global rank 3 lives on node 1.
-  Subprocess node0(ddprun(options("0"), {"fail", "3", "6"}), {{"DDPRUN_TEST_TAG", tag}});
-  Subprocess node1(ddprun(options("1"), {"fail", "3", "6"}), {{"DDPRUN_TEST_TAG", tag}});
+  Subprocess node0(ddprun(options("0"), {"fail", "3", "6"}), job_env(tag));
+  Subprocess node1(ddprun(options("1"), {"fail", "3", "6"}), job_env(tag));
   auto f1 = node1.wait(60s);
   auto f0 = node0.wait(60s);
   EXPECT_EQ(f1.exit_code, 1) << describe(f1);
@@ -349,7 +367,7 @@ TEST(Launch, MissingNodeIsNamedAfterTheRendezvousTimeout) {
   auto f = launch_test::run(ddprun({"--nnodes", "3", "--node-rank", "0", "--master-port",
                                     std::to_string(ddp::test::free_port()), "--timeout", "1"},
                                    {"hang"}),
-                            {{"DDPRUN_TEST_TAG", tag}}, 60s);
+                            job_env(tag), 60s);
   EXPECT_EQ(f.exit_code, 1) << describe(f);
   EXPECT_NE(f.output.find("rendezvous failed: node(s) [1, 2] did not join round 0 within 1"), std::string::npos)
       << f.output;
@@ -367,8 +385,8 @@ TEST(Launch, TwoNodesRestartTogetherAfterAFailure) {
   };
   // Rank 1 (node 0) fails on the first attempt; node 1's ranks are then stuck in the rendezvous
   // and must be stopped and restarted with node 0's.
-  Subprocess node0(ddprun(options("0"), {"fail_once", dir.path}), {{"DDPRUN_TEST_TAG", tag}});
-  Subprocess node1(ddprun(options("1"), {"fail_once", dir.path}), {{"DDPRUN_TEST_TAG", tag}});
+  Subprocess node0(ddprun(options("0"), {"fail_once", dir.path}), job_env(tag));
+  Subprocess node1(ddprun(options("1"), {"fail_once", dir.path}), job_env(tag));
   auto f0 = node0.wait(120s);
   auto f1 = node1.wait(30s);
   ASSERT_EQ(f0.exit_code, 0) << describe(f0) << "\nnode 1: " << describe(f1);
@@ -386,9 +404,10 @@ TEST(Launch, DuplicateNodeRankIsRefused) {
     return std::vector<std::string>{"--nnodes", "2", "--nproc-per-node", "1", "--master-port", port,
                                     "--node-rank", node, "--timeout", "60"};
   };
-  Subprocess node0(ddprun(options("0"), {"allreduce", dir.path}), {});
-  Subprocess node1a(ddprun(options("1"), {"allreduce", dir.path}), {});
-  Subprocess node1b(ddprun(options("1"), {"allreduce", dir.path}), {});
+  const auto env = job_env(launch_test::unique_tag("dupnode"));
+  Subprocess node0(ddprun(options("0"), {"allreduce", dir.path}), env);
+  Subprocess node1a(ddprun(options("1"), {"allreduce", dir.path}), env);
+  Subprocess node1b(ddprun(options("1"), {"allreduce", dir.path}), env);
   auto f0 = node0.wait(120s);
   auto f1a = node1a.wait(30s);
   auto f1b = node1b.wait(30s);
@@ -406,7 +425,8 @@ TEST(Launch, DuplicateNodeRankIsRefused) {
 TEST(Launch, UnreachableMasterNodeIsAClearError) {
   const std::string port = std::to_string(ddp::test::free_port());
   auto f = launch_test::run(
-      ddprun({"--nnodes", "2", "--node-rank", "1", "--master-port", port, "--timeout", "1"}, {"hang"}), {}, 60s);
+      ddprun({"--nnodes", "2", "--node-rank", "1", "--master-port", port, "--timeout", "1"}, {"hang"}),
+      job_env(launch_test::unique_tag("unreachable")), 60s);
   EXPECT_EQ(f.exit_code, 1) << describe(f);
   EXPECT_NE(f.output.find("could not reach node 0's launcher at 127.0.0.1:" + port + " within 1 s"),
             std::string::npos)
@@ -496,8 +516,13 @@ TEST(Launch, TwoNodesInSeparateNetworkNamespaces) {
                                   "allreduce", dir.path};
     return args;
   };
-  Subprocess node0(node(0), {{"DDPRUN_TEST_TAG", tag}, {"GLOO_SOCKET_IFNAME", net.dev[0]}});
-  Subprocess node1(node(1), {{"DDPRUN_TEST_TAG", tag}, {"GLOO_SOCKET_IFNAME", net.dev[1]}});
+  auto env = [&](int i) {
+    auto e = job_env(tag);
+    e["GLOO_SOCKET_IFNAME"] = net.dev[i];
+    return e;
+  };
+  Subprocess node0(node(0), env(0));
+  Subprocess node1(node(1), env(1));
   auto f0 = node0.wait(120s);
   auto f1 = node1.wait(30s);
   ASSERT_EQ(f0.exit_code, 0) << describe(f0) << "\nnode 1: " << describe(f1);
@@ -507,59 +532,223 @@ TEST(Launch, TwoNodesInSeparateNetworkNamespaces) {
   EXPECT_NO_PROCESS_LEFT(tag);
 }
 
-// --- bad input: exit 2, a clear message, nothing started -----------------------------------------
+// --- the launchers' store against strangers -------------------------------------------------------
 
-void expect_usage_error(const std::vector<std::string>& args, const std::string& message) {
-  auto tag = launch_test::unique_tag("bad");
-  auto f = launch_test::run(args, {{"DDPRUN_TEST_TAG", tag}}, 30s);
-  EXPECT_EQ(f.exit_code, 2) << describe(f);
-  EXPECT_NE(f.output.find("ddprun: error: " + message), std::string::npos) << f.output;
-  EXPECT_EQ(f.output.find("[rank"), std::string::npos) << "a rank was started: " << f.output;
+// Any local user can reach node 0's store: without the job's token nothing they send is taken.
+// The job is kept running (ranks wait for a file) while every attack is made, then must finish.
+TEST(LaunchStore, StrangersCannotStopReadOrStallATwoNodeJob) {
+  TempDir dir;
+  auto tag = launch_test::unique_tag("stranger");
+  const int port = ddp::test::free_port();
+  auto options = [&](const char* node) {
+    return std::vector<std::string>{"--nnodes", "2", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+                                    "--master-port", std::to_string(port), "--node-rank", node, "--timeout", "60",
+                                    "--monitor-interval", "0.05"};
+  };
+  Subprocess node0(ddprun(options("0"), {"print", dir.path}), job_env(tag));
+  Subprocess node1(ddprun(options("1"), {"print", dir.path}), job_env(tag));
+  ASSERT_TRUE(node0.wait_for_output("first line rank=0", 1, 60s)) << node0.output();
+  ASSERT_TRUE(node1.wait_for_output("first line rank=1", 1, 60s)) << node1.output();
+
+  for (const std::string request : {"SET ddprun/r0/failed a stranger says stop", "SET ddprun/r0/nproc/1 abc",
+                                    "SET ddprun/r0/nproc/1 -1", "GET ddprun/r0/run_id", "ADD ddprun/r0/done 5"}) {
+    launch_test::Stranger stranger(port);
+    ASSERT_TRUE(stranger.connected);
+    EXPECT_EQ(stranger.line().rfind("DDPRUN-STORE 1 ", 0), 0u) << request;
+    stranger.send_text(request + "\n");
+    const std::string reply = stranger.line();
+    EXPECT_EQ(reply.rfind("DENIED ", 0), 0u) << request << " -> " << reply;
+    EXPECT_TRUE(stranger.closed_by_store(5s)) << request;
+  }
+  launch_test::Stranger non_reader(port);  // asks and asks, reads nothing
+  std::string requests;
+  for (int i = 0; i < 5000; ++i) requests += "GET ddprun/r0/run_id\n";
+  non_reader.send_text(requests);
+  launch_test::Stranger no_newline(port);
+  no_newline.send_text(std::string(1 << 20, 'x'));
+  std::vector<std::unique_ptr<launch_test::Stranger>> silent;  // more handshakes than the store keeps
+  for (int i = 0; i < 80; ++i) silent.push_back(std::make_unique<launch_test::Stranger>(port));
+  EXPECT_TRUE(non_reader.closed_by_store(10s));
+  EXPECT_TRUE(no_newline.closed_by_store(10s));
+
+  std::ofstream(dir.path + "/go").put('\n');
+  auto f0 = node0.wait(60s);
+  auto f1 = node1.wait(60s);
+  EXPECT_EQ(f0.exit_code, 0) << describe(f0) << "\nnode 1: " << describe(f1);
+  EXPECT_EQ(f1.exit_code, 0) << describe(f1);
+  EXPECT_EQ(f0.output.find("another node failed"), std::string::npos) << f0.output;
+  EXPECT_NE(f0.output.find("ddprun: the launchers' store refused a connection from 127.0.0.1:"), std::string::npos)
+      << f0.output;
+  EXPECT_NE(f0.output.find("(further refusals are not shown)"), std::string::npos) << f0.output;
+  EXPECT_EQ(f0.output.find("stranger"), std::string::npos) << f0.output;
   EXPECT_NO_PROCESS_LEFT(tag);
 }
 
+TEST(LaunchStore, NodesGivenDifferentTokensAreToldSo) {
+  auto tag = launch_test::unique_tag("twotokens");
+  const std::string port = std::to_string(ddp::test::free_port());
+  auto options = [&](const char* node) {
+    return std::vector<std::string>{"--nnodes", "2", "--nproc-per-node", "1", "--master-port", port,
+                                    "--node-rank", node, "--timeout", "3"};
+  };
+  auto other = job_env(tag);
+  other["DDPRUN_RDZV_TOKEN"] = "another-token-0123456789";
+  Subprocess node0(ddprun(options("0"), {"hang"}), job_env(tag));
+  Subprocess node1(ddprun(options("1"), {"hang"}), other);
+  auto f1 = node1.wait(60s);
+  auto f0 = node0.wait(60s);
+  EXPECT_EQ(f1.exit_code, 1) << describe(f1);
+  EXPECT_NE(f1.output.find("ddprun: error: node 0's launcher at 127.0.0.1:" + port +
+                           " refused this node's rendezvous token: every node of a job must be given the same one"),
+            std::string::npos)
+      << f1.output;
+  EXPECT_EQ(f0.exit_code, 1) << describe(f0);
+  EXPECT_NE(f0.output.find("rendezvous failed: node(s) [1] did not join round 0"), std::string::npos) << f0.output;
+  EXPECT_EQ(f0.output.find("ready rank="), std::string::npos) << f0.output;
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+// Without a token node 0 makes one and says how to start the others; they are refused without it.
+TEST(LaunchStore, NodeZeroMakesATokenThatTheOtherNodesMustBeGiven) {
+  TempDir dir;
+  auto tag = launch_test::unique_tag("maketoken");
+  const std::string port = std::to_string(ddp::test::free_port());
+  auto options = [&](const char* node) {
+    return std::vector<std::string>{"--nnodes", "2", "--nproc-per-node", "1", "--master-port", port,
+                                    "--node-rank", node, "--timeout", "60"};
+  };
+  expect_exit_two(ddprun(options("1"), {"hang"}),
+                  "node 1 needs the job's rendezvous token: node 0's ddprun printed one (or give every node the same "
+                  "one): DDPRUN_RDZV_TOKEN=<token> or --rdzv-token-file FILE (mode 0600)");
+  Subprocess node0(ddprun(options("0"), {"allreduce", dir.path}), {{"DDPRUN_TEST_TAG", tag}});
+  const std::string said = "Start the other nodes with DDPRUN_RDZV_TOKEN=";
+  ASSERT_TRUE(node0.wait_for_output(said, 1, 30s)) << node0.output();
+  std::string token = node0.output().substr(node0.output().find(said) + said.size());
+  token = token.substr(0, token.find(' '));
+  EXPECT_EQ(token.size(), 32u) << node0.output();
+  auto env = job_env(tag);
+  env["DDPRUN_RDZV_TOKEN"] = token;
+  Subprocess node1(ddprun(options("1"), {"allreduce", dir.path}), env);
+  auto f0 = node0.wait(120s);
+  auto f1 = node1.wait(30s);
+  ASSERT_EQ(f0.exit_code, 0) << describe(f0) << "\nnode 1: " << describe(f1);
+  ASSERT_EQ(f1.exit_code, 0) << describe(f1);
+  expect_world(dir.path, 2, 1);
+  // The ranks do not inherit the token (node 1's launcher had it in its environment).
+  for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(read_result(dir.path, rank)["DDPRUN_RDZV_TOKEN"], "<unset>") << rank;
+  EXPECT_NO_PROCESS_LEFT(tag);
+}
+
+TEST(LaunchStore, TokenFilesMustBePrivateAndTokensLongEnough) {
+  TempDir dir;
+  const std::string open_file = dir.path + "/open", short_file = dir.path + "/short";
+  std::ofstream(open_file) << "0123456789abcdef0123\n";
+  chmod(open_file.c_str(), 0644);
+  std::ofstream(short_file) << "abc\n";
+  chmod(short_file.c_str(), 0600);
+  const std::vector<std::string> node1{"--nnodes", "2", "--node-rank", "1"};
+  auto with = [&](std::vector<std::string> more) {
+    auto o = node1;
+    o.insert(o.end(), more.begin(), more.end());
+    return ddprun(o, {"hang"});
+  };
+  expect_exit_two(with({"--rdzv-token-file", open_file}),
+                  "--rdzv-token-file " + open_file + ": other users can read or change it (mode 0644): chmod 600 " +
+                      open_file);
+  expect_exit_two(with({"--rdzv-token-file", short_file}),
+                  "--rdzv-token-file " + short_file +
+                      ": the rendezvous token must be one word of 16 to 1024 characters");
+  expect_exit_two(with({"--rdzv-token-file", dir.path + "/none"}),
+                  "--rdzv-token-file " + dir.path + "/none: cannot open it (No such file or directory)");
+  auto f = launch_test::run(with({}), {{"DDPRUN_RDZV_TOKEN", "short"}}, 30s);
+  EXPECT_EQ(f.exit_code, 2) << describe(f);
+  EXPECT_NE(f.output.find("DDPRUN_RDZV_TOKEN: the rendezvous token must be one word of 16"), std::string::npos)
+      << f.output;
+}
+
+// Another user can plant a link where a rank's log will be written (in a directory they own):
+// ddprun must not write through it, and must leave the target as it was.
+TEST(Launch, LogDirDoesNotWriteThroughAPlantedLink) {
+  TempDir dir;
+  const std::string logs = dir.path + "/logs", victim = dir.path + "/victim", log = logs + "/rank_0.log";
+  std::filesystem::create_directories(logs);
+  std::ofstream(victim) << "precious\n";
+  chmod(victim.c_str(), 0600);
+  auto read_victim = [&] {
+    std::ifstream in(victim);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (const char* kind : {"symlink", "hardlink"}) {
+    std::filesystem::remove(log);
+    ASSERT_EQ(std::string(kind) == "symlink" ? symlink(victim.c_str(), log.c_str()) : link(victim.c_str(), log.c_str()),
+              0);
+    auto tag = launch_test::unique_tag("loglink");
+    auto f = launch_test::run(ddprun({"--standalone", "--nproc-per-node", "2", "--log-dir", logs}, {"hang"}),
+                              {{"DDPRUN_TEST_TAG", tag}}, 60s);
+    EXPECT_EQ(f.exit_code, 2) << kind << ": " << describe(f);
+    const std::string why = std::string(kind) == "symlink"
+                                ? ": it is a symbolic link, which ddprun does not follow"
+                                : ": it is not a regular file of this user with a single name";
+    EXPECT_NE(f.output.find("rank 0: cannot write log file " + log + why), std::string::npos) << kind << ": " << f.output;
+    EXPECT_EQ(read_victim(), "precious\n") << kind;
+    struct stat info {};
+    stat(victim.c_str(), &info);
+    EXPECT_EQ(info.st_mode & 07777, 0600u) << kind;
+    EXPECT_EQ(f.output.find("ready rank="), std::string::npos) << kind << ": a rank was started: " << f.output;
+    EXPECT_NO_PROCESS_LEFT(tag);
+  }
+}
+
+// --- bad input: exit 2, a clear message, nothing started -----------------------------------------
+
+
 TEST(LaunchBadInput, UnknownOption) {
-  expect_usage_error({kDdprun, "--nproc-per-nod", "2", kChild, "hang"}, "unknown option '--nproc-per-nod'");
+  expect_exit_two({kDdprun, "--nproc-per-nod", "2", kChild, "hang"}, "unknown option '--nproc-per-nod'");
 }
 
 TEST(LaunchBadInput, HostLists) {
-  expect_usage_error(ddprun({"-H", "a:0"}, {"hang"}), "-H entry 'a:0': slots must be a number from 1 to 1024 (got '0')");
-  expect_usage_error(ddprun({"-H", "a:2,a:1"}, {"hang"}), "-H: host 'a' is listed twice; list it once with all its slots");
-  expect_usage_error(ddprun({"-H", "a:2", "--nnodes", "2"}, {"hang"}),
+  expect_exit_two(ddprun({"-H", "a:0"}, {"hang"}), "-H entry 'a:0': slots must be a number from 1 to 1024 (got '0')");
+  expect_exit_two(ddprun({"-H", "a:2,a:1"}, {"hang"}), "-H: host 'a' is listed twice; list it once with all its slots");
+  expect_exit_two(ddprun({"-H", "a:2", "--nnodes", "2"}, {"hang"}),
                      "--nnodes cannot be used with -H/--hostfile: the host list gives the nodes and each host's "
                      "ranks (host:slots)");
-  expect_usage_error(ddprun({"-H", "localhost:1,10.213.0.9:1"}, {"hang"}),
+  expect_exit_two(ddprun({"-H", "localhost:1,10.213.0.9:1"}, {"hang"}),
                      "node 0 ('localhost') hosts the rendezvous, but that is a loopback address the other hosts "
                      "cannot reach");
-  expect_usage_error(ddprun({"-H", "a", "-x", "DDPRUN_SURELY_UNSET"}, {"hang"}),
+  expect_exit_two(ddprun({"-H", "a", "-x", "DDPRUN_SURELY_UNSET"}, {"hang"}),
                      "-x DDPRUN_SURELY_UNSET: DDPRUN_SURELY_UNSET is not set here; set it, or give "
                      "-x DDPRUN_SURELY_UNSET=VALUE");
-  expect_usage_error(ddprun({"-x", "A=1"}, {"hang"}), "-x and --ssh only apply with -H/--hostfile");
-  expect_usage_error(ddprun({"--hostfile", "/nonexistent/hosts"}, {"hang"}), "--hostfile /nonexistent/hosts: cannot read it");
+  expect_exit_two(ddprun({"-x", "A=1"}, {"hang"}), "-x and --ssh only apply with -H/--hostfile");
+  expect_exit_two(ddprun({"--hostfile", "/nonexistent/hosts"}, {"hang"}), "--hostfile /nonexistent/hosts: cannot read it");
   TempDir dir;
   std::ofstream(dir.path + "/hosts") << "# two hosts\nnode1 slots=2\nnode2 slot=2\n";
-  expect_usage_error(ddprun({"--hostfile", dir.path + "/hosts"}, {"hang"}),
+  expect_exit_two(ddprun({"--hostfile", dir.path + "/hosts"}, {"hang"}),
                      "--hostfile " + dir.path + "/hosts line 3: expected 'host slots=N', got 'slot=2'");
 }
 
 TEST(LaunchBadInput, ZeroProcesses) {
-  expect_usage_error(ddprun({"--nproc-per-node", "0"}, {"hang"}), "--nproc-per-node must be at least 1 (got 0)");
+  expect_exit_two(ddprun({"--nproc-per-node", "0"}, {"hang"}), "--nproc-per-node must be at least 1 (got 0)");
 }
 
 TEST(LaunchBadInput, LocalRanksFilterOutOfRange) {
-  expect_usage_error(ddprun({"--nproc-per-node", "2", "--local-ranks-filter", "0,2"}, {"hang"}),
+  expect_exit_two(ddprun({"--nproc-per-node", "2", "--local-ranks-filter", "0,2"}, {"hang"}),
                      "--local-ranks-filter: '2' is not a local rank (valid: 0..1, comma-separated)");
 }
 
 // Durations that are not finite, or absurd, and a rank count that would exhaust the file table.
 TEST(LaunchBadInput, DurationsMustBeFiniteAndSane) {
-  expect_usage_error(ddprun({"--grace-period", "inf"}, {"hang"}),
+  expect_exit_two(ddprun({"--grace-period", "inf"}, {"hang"}),
                      "--grace-period inf is not a duration in seconds: use a number >= 0 and at most 86400");
-  expect_usage_error(ddprun({"--grace-period", "1e308"}, {"hang"}), "--grace-period 1e+308 is not a duration");
-  expect_usage_error(ddprun({"--grace-period", "nan"}, {"hang"}), "--grace-period nan is not a duration");
-  expect_usage_error(ddprun({"--timeout", "nan"}, {"hang"}), "--timeout nan is not a duration in seconds: use a number > 0");
-  expect_usage_error(ddprun({"--monitor-interval", "inf"}, {"hang"}), "--monitor-interval inf is not a duration");
-  expect_usage_error(ddprun({"--nproc-per-node", "100000"}, {"hang"}),
+  expect_exit_two(ddprun({"--grace-period", "1e308"}, {"hang"}), "--grace-period 1e+308 is not a duration");
+  expect_exit_two(ddprun({"--grace-period", "nan"}, {"hang"}), "--grace-period nan is not a duration");
+  expect_exit_two(ddprun({"--timeout", "nan"}, {"hang"}), "--timeout nan is not a duration in seconds: use a number > 0");
+  expect_exit_two(ddprun({"--monitor-interval", "inf"}, {"hang"}), "--monitor-interval inf is not a duration");
+  // Below a millisecond every wait would be 0 ms: a busy loop.
+  expect_exit_two(ddprun({"--monitor-interval", "1e-300"}, {"hang"}),
+                     "--monitor-interval 1e-300 is not a duration in seconds: use a number > 0 and at most 86400 "
+                     "(a day); one that is not 0 at least 0.001 (a millisecond)");
+  expect_exit_two(ddprun({"--grace-period", "0.0001"}, {"hang"}), "--grace-period 0.0001 is not a duration");
+  expect_exit_two(ddprun({"--nproc-per-node", "100000"}, {"hang"}),
                      "--nproc-per-node 100000 is more than 1024 ranks on one node");
 }
 
@@ -586,12 +775,12 @@ TEST(LaunchBadInput, AProgramThatCannotBeExecutedExitsTwo) {
 }
 
 TEST(LaunchBadInput, NotANumber) {
-  expect_usage_error(ddprun({"--nproc-per-node", "four"}, {"hang"}),
+  expect_exit_two(ddprun({"--nproc-per-node", "four"}, {"hang"}),
                      "--nproc-per-node must be a number, 'cpu' or 'gpu' (got 'four')");
 }
 
 TEST(LaunchBadInput, NodeRankNotBelowNnodes) {
-  expect_usage_error(ddprun({"--nnodes", "2", "--node-rank", "2"}, {"hang"}),
+  expect_exit_two(ddprun({"--nnodes", "2", "--node-rank", "2"}, {"hang"}),
                      "--node-rank 2 is out of range for --nnodes 2 (valid: 0..1)");
 }
 
@@ -605,37 +794,37 @@ TEST(LaunchBadInput, MasterPortInUse) {
   socklen_t length = sizeof(address);
   getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
   const std::string port = std::to_string(ntohs(address.sin_port));
-  expect_usage_error(ddprun({"--nproc-per-node", "2", "--master-port", port}, {"hang"}),
+  expect_exit_two(ddprun({"--nproc-per-node", "2", "--master-port", port}, {"hang"}),
                      "--master-port " + port + " is already in use on this host");
-  expect_usage_error(ddprun({"--nnodes", "2", "--node-rank", "0", "--master-port", port}, {"hang"}),
+  expect_exit_two(ddprun({"--nnodes", "2", "--node-rank", "0", "--master-port", port}, {"hang"}),
                      "--master-port " + port + " is already in use on this host");
   close(fd);
 }
 
 TEST(LaunchBadInput, ProgramNotFound) {
-  expect_usage_error({kDdprun, "--nproc-per-node", "2", "--", "no_such_program_xyz"},
+  expect_exit_two({kDdprun, "--nproc-per-node", "2", "--", "no_such_program_xyz"},
                      "program 'no_such_program_xyz' not found in PATH");
-  expect_usage_error({kDdprun, "/nonexistent/dir/prog"}, "program '/nonexistent/dir/prog' not found");
+  expect_exit_two({kDdprun, "/nonexistent/dir/prog"}, "program '/nonexistent/dir/prog' not found");
 }
 
 TEST(LaunchBadInput, NoProgram) {
-  expect_usage_error({kDdprun, "--nproc-per-node", "2"}, "no program given");
+  expect_exit_two({kDdprun, "--nproc-per-node", "2"}, "no program given");
 }
 
 TEST(LaunchBadInput, StandaloneWithSeveralNodes) {
-  expect_usage_error(ddprun({"--standalone", "--nnodes", "2"}, {"hang"}),
+  expect_exit_two(ddprun({"--standalone", "--nnodes", "2"}, {"hang"}),
                      "--standalone is for a single node, but --nnodes is 2");
 }
 
 TEST(LaunchBadInput, NoTeeWithoutLogDir) {
-  expect_usage_error(ddprun({"--no-tee"}, {"hang"}), "--no-tee without --log-dir");
+  expect_exit_two(ddprun({"--no-tee"}, {"hang"}), "--no-tee without --log-dir");
 }
 
 TEST(LaunchBadInput, GpuCountWithoutGpus) {
   if (std::filesystem::exists("/dev/nvidia0") || std::system("nvidia-smi -L >/dev/null 2>&1") == 0) {
     GTEST_SKIP() << "this host has a GPU";
   }
-  expect_usage_error(ddprun({"--nproc-per-node", "gpu"}, {"hang"}), "--nproc-per-node gpu: no NVIDIA GPU found");
+  expect_exit_two(ddprun({"--nproc-per-node", "gpu"}, {"hang"}), "--nproc-per-node gpu: no NVIDIA GPU found");
 }
 
 TEST(Launch, CpuCountStartsOneRankPerCpu) {
@@ -748,8 +937,8 @@ double peer_failure_delay(const std::string& interval) {
     return std::vector<std::string>{"--nnodes", "2", "--nproc-per-node", "2", "--master-port", port,
                                     "--node-rank", node, "--timeout", "60", "--monitor-interval", interval};
   };
-  Subprocess node0(ddprun(options("0"), {"fail_late", "3", "6", "2"}), {{"DDPRUN_TEST_TAG", tag}});
-  Subprocess node1(ddprun(options("1"), {"fail_late", "3", "6", "2"}), {{"DDPRUN_TEST_TAG", tag}});
+  Subprocess node0(ddprun(options("0"), {"fail_late", "3", "6", "2"}), job_env(tag));
+  Subprocess node1(ddprun(options("1"), {"fail_late", "3", "6", "2"}), job_env(tag));
   auto f1 = node1.wait(90s);
   auto f0 = node0.wait(90s);
   EXPECT_EQ(f1.exit_code, 1) << describe(f1);
