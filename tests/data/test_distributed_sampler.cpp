@@ -130,7 +130,8 @@ TEST(DistributedSampler, SeedPlusEpochWrapsAroundAsPyTorchsGeneratorTakesIt) {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max(), kMin = std::numeric_limits<int64_t>::min();
   EXPECT_EQ(ddp::distributed_indices(40, 2, 1, true, kMax, 1, false),
             ddp::distributed_indices(40, 2, 1, true, kMin, 0, false));
-  EXPECT_EQ(ddp::distributed_indices(40, 2, 1, true, -1, 1, false), ddp::distributed_indices(40, 2, 1, true, 0, 0, false));
+  EXPECT_EQ(ddp::distributed_indices(40, 2, 1, true, -1, 1, false),
+            ddp::distributed_indices(40, 2, 1, true, 0, 0, false));
 }
 
 TEST(DistributedSampler, ResetRestartsTheEpochAndNewSizeRecomputes) {
