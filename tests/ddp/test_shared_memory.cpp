@@ -129,6 +129,35 @@ TEST(SharedMemory, AllreduceBroadcastGatherMatchTheReferenceAtFourRanks) {
   EXPECT_WORKERS_OK(run_workers("shm_numerics", 4, options));
 }
 
+// A small collective issued while the channel is idle runs on the caller's thread (it is complete
+// when the call returns: no thread switch); one issued behind a running or queued collective
+// waits its turn, so the ranks' order of calls is kept. Both give the reference's result.
+DDP_WORKER(shm_small_in_order) {
+  auto pg = worker_init();
+  require(ddp::transport() == "gloo+shm", "expected shared memory, got " + ddp::transport());
+  const int world = ddp::get_world_size();
+  const float ranks_sum = world * (world + 1) / 2.0f;
+  for (int round = 1; round <= 20; ++round) {
+    std::vector<at::Tensor> big{torch::full({2 << 20}, static_cast<float>(ddp::get_rank() + 1))};  // 8 MiB
+    std::vector<at::Tensor> small{torch::full({16}, static_cast<float>((ddp::get_rank() + 1) * round))};
+    auto big_work = pg->allreduce(big);
+    auto small_work = pg->allreduce(small);
+    small_work->wait();
+    require(big_work->isCompleted(), "a small allreduce issued behind a large one finished first");
+    big_work->wait();
+    require(torch::equal(big[0], torch::full({2 << 20}, ranks_sum)), "the large allreduce's sum");
+    require(torch::equal(small[0], torch::full({16}, ranks_sum * round)), "the small allreduce's sum");
+  }
+  std::vector<at::Tensor> idle{torch::ones({1024})};  // 4 KB
+  auto work = pg->allreduce(idle);
+  require(work->isCompleted(), "a 4 KB allreduce on an idle channel was handed to another thread");
+  require(torch::equal(idle[0], torch::full({1024}, static_cast<float>(world))), "the idle allreduce's sum");
+  ddp::barrier();
+}
+TEST(SharedMemory, SmallCollectivesRunOnTheCallersThreadInTheOrderTheyWereIssued) {
+  EXPECT_WORKERS_OK(run_workers("shm_small_in_order", 2));
+}
+
 // Two jobs on one host at once, each with its own segments (the nonce rank 0 draws; the run id):
 // both correct, neither sees the other's data.
 TEST(SharedMemory, TwoJobsOnOneHostAtOnceAreBothCorrect) {

@@ -292,7 +292,9 @@ c10::intrusive_ptr<c10d::Work> Channel::allreduce(std::vector<at::Tensor>& tenso
   const DType dtype = *dtype_of(tensors[0].scalar_type());
   const Op reduce = *op_of(op);
   const auto type = tensors.size() == 1 ? c10d::OpType::ALLREDUCE : c10d::OpType::ALLREDUCE_COALESCED;
-  return issue(type, tensors, [this, tensors, dtype, reduce, scale] {
+  std::size_t bytes = 0;
+  for (const at::Tensor& tensor : tensors) bytes += tensor.nbytes();
+  return issue(type, tensors, where_for(bytes), [this, tensors, dtype, reduce, scale] {
     if (hierarchical_) {
       hierarchical_->allreduce(tensors, dtype, reduce, scale);
       return;
@@ -306,7 +308,7 @@ c10::intrusive_ptr<c10d::Work> Channel::allreduce(std::vector<at::Tensor>& tenso
 
 c10::intrusive_ptr<c10d::Work> Channel::broadcast(std::vector<at::Tensor>& tensors, int root) {
   at::Tensor tensor = tensors[0];
-  return issue(c10d::OpType::BROADCAST, tensors, [this, tensor, root] {
+  return issue(c10d::OpType::BROADCAST, tensors, where_for(tensor.nbytes()), [this, tensor, root] {
     communicator_->broadcast(tensor.data_ptr(), tensor.nbytes(), root);
   });
 }
@@ -315,7 +317,7 @@ c10::intrusive_ptr<c10d::Work> Channel::allgather(std::vector<std::vector<at::Te
                                                   std::vector<at::Tensor>& inputs) {
   at::Tensor input = inputs[0];
   std::vector<at::Tensor> out = outputs[0];
-  return issue(c10d::OpType::ALLGATHER, out, [this, input, out] {
+  return issue(c10d::OpType::ALLGATHER, out, where_for(input.nbytes() * out.size()), [this, input, out] {
     // Every rank's part lands in one contiguous buffer, then in the caller's tensors.
     at::Tensor gathered = at::empty({static_cast<int64_t>(out.size()), input.numel()}, input.options());
     communicator_->allgather(input.data_ptr(), input.nbytes(), gathered.data_ptr());
@@ -324,7 +326,7 @@ c10::intrusive_ptr<c10d::Work> Channel::allgather(std::vector<std::vector<at::Te
 }
 
 c10::intrusive_ptr<c10d::Work> Channel::barrier() {
-  return issue(c10d::OpType::BARRIER, {}, [this] { communicator_->barrier(); });
+  return issue(c10d::OpType::BARRIER, {}, Where::kCallerIfIdle, [this] { communicator_->barrier(); });
 }
 
 // --- DDP's buckets in shared memory -----------------------------------------------------------
@@ -344,7 +346,7 @@ std::vector<at::Tensor> Channel::shared_zeros(const std::vector<std::pair<int64_
   std::shared_ptr<SharedArray> array;
   std::string refused;
   // On the channel's thread, in order with the collectives issued before it.
-  issue(c10d::OpType::UNKNOWN, {}, [this, bytes, &array, &refused] {
+  issue(c10d::OpType::UNKNOWN, {}, Where::kChannelThread, [this, bytes, &array, &refused] {
     try {
       array = hierarchical_ ? hierarchical_->share(bytes) : communicator_->share(bytes);
     } catch (const ShmUnavailable& e) {
@@ -396,7 +398,8 @@ c10::intrusive_ptr<c10d::Work> Channel::shared_sum(at::Tensor& tensor, double sc
   TORCH_INTERNAL_ASSERT(place.first, "Channel::shared_sum of a tensor outside the channel's shared memory");
   const DType dtype = *dtype_of(tensor.scalar_type());
   const auto count = static_cast<std::size_t>(tensor.numel());
-  return issue(c10d::OpType::ALLREDUCE, {tensor}, [this, place, count, dtype, scale] {
+  // On the channel's thread always: a bucket's sum overlaps the rest of backward.
+  return issue(c10d::OpType::ALLREDUCE, {tensor}, Where::kChannelThread, [this, place, count, dtype, scale] {
     if (hierarchical_) {
       hierarchical_->allreduce_shared(place.first, place.second, count, dtype, Op::kSum, scale);
     } else {
@@ -405,25 +408,45 @@ c10::intrusive_ptr<c10d::Work> Channel::shared_sum(at::Tensor& tensor, double sc
   });
 }
 
-c10::intrusive_ptr<c10d::Work> Channel::issue(c10d::OpType type, std::vector<at::Tensor> result,
+Channel::Where Channel::where_for(std::size_t bytes) {
+  // Up to here a collective takes about as long as the two thread switches it saves; a longer one
+  // is left to the channel's thread, so its caller goes on while it runs.
+  constexpr std::size_t kRunHereBytes = 64 * 1024;
+  return bytes <= kRunHereBytes ? Where::kCallerIfIdle : Where::kChannelThread;
+}
+
+c10::intrusive_ptr<c10d::Work> Channel::issue(c10d::OpType type, std::vector<at::Tensor> result, Where where,
                                               std::function<void()> body) {
   auto work = c10::make_intrusive<Work>(type, std::move(result));
+  auto run_body = [work, body = std::move(body)]() mutable {
+    std::exception_ptr error;
+    try {
+      body();
+    } catch (...) {
+      error = std::current_exception();
+    }
+    // Drop the body's tensor references before the waiter wakes: afterwards the caller's thread
+    // owns them alone (ThreadSanitizer saw this thread's release race with the caller's free).
+    body = nullptr;
+    work->complete(error);
+  };
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back([work, body = std::move(body)]() mutable {
-      std::exception_ptr error;
-      try {
-        body();
-      } catch (...) {
-        error = std::current_exception();
-      }
-      // Drop the body's tensor references before the waiter wakes: afterwards the caller's thread
-      // owns them alone (ThreadSanitizer saw this thread's release race with the caller's free).
-      body = nullptr;
-      work->complete(error);
-    });
+    // Idle: nothing running and nothing queued, so running it now keeps the order of the calls.
+    const bool here = where == Where::kCallerIfIdle && !running_ && queue_.empty();
+    if (!here) {
+      queue_.push_back(std::move(run_body));
+      wake_.notify_one();
+      return work;
+    }
+    running_ = true;  // what is issued meanwhile queues behind it
   }
-  wake_.notify_one();
+  run_body();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_ = false;
+  }
+  wake_.notify_one();  // for what was queued meanwhile
   return work;
 }
 
@@ -432,12 +455,15 @@ void Channel::run() {
     std::function<void()> next;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      wake_.wait(lock, [this] { return !running_ && (stopping_ || !queue_.empty()); });
       if (queue_.empty()) return;  // stopping, and everything issued has run
       next = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;
     }
     next();
+    std::lock_guard<std::mutex> lock(mutex_);
+    running_ = false;
   }
 }
 

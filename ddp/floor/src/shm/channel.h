@@ -3,9 +3,12 @@
 // with the same number (two or more) on each, where it runs only the allreduce, hierarchically
 // (hierarchical.h: shared memory inside each host, Gloo across them): c10d's asynchronous
 // collectives (a Work per call, finished later) over a Communicator (communicator.h), which is
-// synchronous and single-threaded. One thread per channel runs the collectives in the order they
-// were issued; a Work completes when its collective has, so DDP keeps launching buckets while
-// backward runs, and comm hooks chain on the Work's future as on Gloo's.
+// synchronous and single-threaded. The collectives run in the order they were issued, one at a
+// time; a Work completes when its collective has, so DDP keeps launching buckets while backward
+// runs, and comm hooks chain on the Work's future as on Gloo's. A small collective issued while
+// the channel is idle runs at once on the caller's thread, which would otherwise only hand it to
+// the channel's thread and sleep until it is back (two thread switches: most of a 4 KB
+// allreduce's time); anything else, and anything issued behind it, runs on the channel's thread.
 //
 // What it serves (serves_*): dense, contiguous CPU tensors of float32, float64, bfloat16,
 // float16 (summed in float32), int32, int64 or uint8; allreduce of one tensor or of a list of one
@@ -92,19 +95,24 @@ class Channel {
 
  private:
   class Work;
+  // Where a collective may run: a small one on the caller's thread when nothing runs or waits.
+  enum class Where { kChannelThread, kCallerIfIdle };
+  static Where where_for(std::size_t bytes);
   Channel(std::unique_ptr<Communicator> communicator, std::unique_ptr<Hierarchical> hierarchical);
-  // Queues `body` (run on the channel's thread) and returns the Work it completes.
-  c10::intrusive_ptr<c10d::Work> issue(c10d::OpType type, std::vector<at::Tensor> result,
+  // Runs `body` (where `where` allows, else queued for the channel's thread) and returns the Work
+  // it completes.
+  c10::intrusive_ptr<c10d::Work> issue(c10d::OpType type, std::vector<at::Tensor> result, Where where,
                                        std::function<void()> body);
   void run();
 
   // One of the two: every rank of the group on this host, or several hosts (the allreduce only).
   std::unique_ptr<Communicator> communicator_;
   std::unique_ptr<Hierarchical> hierarchical_;
-  mutable std::mutex mutex_;  // guards the queue and arrays_
+  mutable std::mutex mutex_;  // guards the queue, running_, stopping_ and arrays_
   std::vector<std::weak_ptr<SharedArray>> arrays_;  // what shared_zeros made, while tensors use it
   std::condition_variable wake_;
   std::deque<std::function<void()>> queue_;
+  bool running_ = false;  // a collective runs (on the channel's thread or a caller's): the next waits
   bool stopping_ = false;
   std::thread thread_;
 };
