@@ -4,18 +4,16 @@
 
 #include <sched.h>
 #include <sys/mman.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <new>
 #include <sstream>
 #include <thread>
 
+#include "process.h"
 #include "wait.h"
 
 namespace ddp::detail::shm {
@@ -25,7 +23,7 @@ using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 constexpr std::uint64_t kMagic = 0x746f726368646470ull;  // "torchddp"
-constexpr std::uint32_t kVersion = 3;  // 2: descriptors carry an offset (allreduce_shared); 3: no reduce_scatter
+constexpr std::uint32_t kVersion = 4;  // 2: descriptors carry an offset (allreduce_shared); 3: no reduce_scatter; 4: away
 constexpr std::size_t kControlBytes = 4096;  // the control block's page; the data buffers follow
 constexpr std::size_t kMessageBytes = 1024;
 constexpr auto kSleepSlice = 50ms;      // longest futex sleep: then look at the deadline and the peers
@@ -40,36 +38,6 @@ int cpus_available() {
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
   return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
-// What /proc says about a process: enough to tell "exited" (gone, a zombie, or its pid reused by
-// another process) from "alive" or "stopped". start_time is in clock ticks since boot, the same
-// in every pid namespace.
-struct ProcessInfo {
-  bool exists = false;
-  char state = '?';
-  std::uint64_t start_time = 0;  // 0: unknown (no /proc)
-};
-
-ProcessInfo read_process(int pid) {
-  ProcessInfo info;
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return info;
-  info.exists = true;
-  std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
-  std::string text((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  const auto paren = text.rfind(')');  // the command name may hold spaces and parentheses
-  if (paren == std::string::npos) return info;
-  std::istringstream fields(text.substr(paren + 1));
-  std::string field;
-  fields >> info.state;
-  for (int i = 4; i < 22 && fields >> field; ++i) {
-  }
-  fields >> info.start_time;  // field 22
-  return info;
-}
-
-bool exited(const ProcessInfo& now, std::uint64_t start_time) {
-  return !now.exists || now.state == 'Z' || now.state == 'X' || (start_time != 0 && now.start_time != 0 && now.start_time != start_time);
 }
 
 }  // namespace
@@ -122,6 +90,7 @@ struct Communicator::ControlBlock {
 
   alignas(64) std::atomic<std::uint32_t> failed;
   std::atomic<std::uint32_t> closed;  // the owner destroyed its Communicator
+  std::atomic<std::uint32_t> away;    // the owner waits for the other hosts (a Relay), within their own timeout
   std::int32_t culprit;  // the rank the failure names
   char message[kMessageBytes];
 
@@ -303,17 +272,20 @@ void Communicator::post() {
 }
 
 // Returns when every peer has made `target` posts. Throws PeerError when a peer failed, exited or
-// does not arrive within the timeout.
+// does not arrive within the timeout. A peer still waiting for the other hosts at the timeout is
+// not the cause: it gets one more timeout to fail with what it waits for (its own wait there ends
+// within one), so that the error names the rank at fault, not the one that waited for it.
 void Communicator::wait_all(std::uint32_t target, const Step& step) {
   const auto start = Clock::now();
   const auto deadline = start + options_.timeout;
+  auto give_up = deadline;
   auto next_pid_check = start + kPidCheckEvery;
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     Progress& progress = peers_[p].control->progress;
     for (;;) {
       const auto now = Clock::now();
-      const auto sleep = std::min<Clock::duration>(kSleepSlice, std::min(deadline, next_pid_check) - now);
+      const auto sleep = std::min<Clock::duration>(kSleepSlice, std::min(give_up, next_pid_check) - now);
       if (wait_for(progress, target, spin_, sleep)) break;
       // Not there yet: did someone fail (their wake brought us here), did a lagging peer leave, is
       // time up?
@@ -322,7 +294,12 @@ void Communicator::wait_all(std::uint32_t target, const Step& step) {
       const bool look_at_pids = later >= next_pid_check;
       if (look_at_pids) next_pid_check = later + kPidCheckEvery;
       check_departed_peers(target, step, look_at_pids);
-      if (later >= deadline && !reached(progress.count.load(std::memory_order_acquire), target)) throw_timeout(target, step, p);
+      if (later < give_up || reached(progress.count.load(std::memory_order_acquire), target)) continue;
+      if (give_up == deadline && waits_for_other_hosts(p)) {
+        give_up += options_.timeout;
+        continue;
+      }
+      throw_timeout(target, step, p);
     }
   }
   if (compare_after_next_wait_) {  // every peer has posted its first step: its descriptor is there
@@ -374,7 +351,7 @@ void Communicator::check_failed_peers() {
 namespace {
 std::string who(int rank, int pid, const ProcessInfo& info) {
   std::string text = std::to_string(rank) + " (pid " + std::to_string(pid);
-  if (info.state == 'T' || info.state == 't') text += ", stopped";
+  if (stopped(info)) text += ", stopped";
   return text + ")";
 }
 
@@ -404,26 +381,32 @@ void Communicator::check_departed_peers(std::uint32_t target, const Step& step, 
   }
 }
 
+// Whether peer `p` is inside its step across the hosts (a Relay), and not stopped there itself.
+bool Communicator::waits_for_other_hosts(int p) const {
+  const Peer& peer = peers_[p];
+  if (peer.control->away.load(std::memory_order_acquire) == 0) return false;
+  return !(peer.check_pid && stopped(read_process(peer.control->pid)));
+}
+
 // No post from some peers within the timeout (`late` among them): name every one of them, and say
-// which are stopped.
+// which are stopped. The error blames the first named: a stopped one before one that runs.
 void Communicator::throw_timeout(std::uint32_t target, const Step& step, int late) {
-  std::vector<int> lagging;
-  std::string names;
+  // (peer, "<number> (pid <pid>[, stopped])"): the stopped ones in `lagging`, then the running ones.
+  std::vector<std::pair<int, std::string>> lagging, running;
   for (int p = 0; p < size_; ++p) {
     const Peer& peer = peers_[p];
     if (p == rank_ || reached(peer.control->progress.count.load(std::memory_order_acquire), target)) continue;
     const ProcessInfo info = peer.check_pid ? read_process(peer.control->pid) : ProcessInfo{};
-    if (!lagging.empty()) names += ", ";
-    names += who(number_of(p), peer.control->pid, info);
-    lagging.push_back(p);
+    (stopped(info) ? lagging : running).emplace_back(p, who(number_of(p), peer.control->pid, info));
   }
-  if (lagging.empty()) {  // `late` arrived just now, after the deadline
-    lagging.push_back(late);
-    names = std::to_string(number_of(late));
-  }
+  lagging.insert(lagging.end(), running.begin(), running.end());
+  if (lagging.empty()) lagging.emplace_back(late, std::to_string(number_of(late)));  // `late` arrived just now
+  std::string names;
+  for (const auto& named : lagging) names += (names.empty() ? "" : ", ") + named.second;
   const std::string subject = lagging.size() == 1 ? "rank " + names + " did not arrive" : "ranks " + names + " did not arrive";
-  throw PeerError(lagging.front(), subject + " within " + std::to_string(options_.timeout.count()) + " ms; " + name(rank_) +
-                                       " was in " + where(describe(current()), step.chunk, step.chunks, step.waiting_for));
+  throw PeerError(lagging.front().first, subject + " within " + std::to_string(options_.timeout.count()) + " ms; " +
+                                             name(rank_) + " was in " +
+                                             where(describe(current()), step.chunk, step.chunks, step.waiting_for));
 }
 
 int Communicator::number_of(int rank) const { return options_.rank_names.empty() ? rank : options_.rank_names.at(rank); }
@@ -785,6 +768,13 @@ void Communicator::allreduce_shared(const SharedArray& array, std::size_t offset
       // Piece by piece: reduced, sent across the hosts, and copied once it is back, while the
       // next pieces are reduced and cross.
       std::deque<std::pair<std::size_t, std::size_t>> crossing;  // pieces started, oldest first
+      // While the other hosts hold me up, a peer waiting for me waits for my verdict (wait_all).
+      std::atomic<std::uint32_t>& away = peers_[rank_].control->away;
+      away.store(1, std::memory_order_release);
+      struct Back {
+        std::atomic<std::uint32_t>& away;
+        ~Back() { away.store(0, std::memory_order_release); }
+      } back{away};
       const auto land_oldest = [&] {
         relay->finish();
         copy_to_peers(crossing.front().first, crossing.front().second);

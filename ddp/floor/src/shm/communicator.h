@@ -32,7 +32,10 @@
 // wait is bounded by the timeout; while waiting, a rank looks at each lagging peer's pid every
 // ~100 ms, so a peer that died is named within a fraction of a second (one that destroyed its
 // Communicator, at once); a rank that throws raises its failure flag and wakes every waiter of the
-// group, so the others fail at once, naming the rank that caused it.
+// group, so the others fail at once, naming the rank that caused it. The rank an error blames
+// first is the one at fault: at the timeout a stopped peer before a running one, and a peer still
+// inside its step across the hosts (allreduce_shared's Relay, which its own timeout bounds) is
+// given one more timeout to fail with the rank it waits for.
 //
 // Thread-safety: a Communicator is used by one thread at a time (calls from several threads must
 // be serialized by the caller). Collectives must be called in the same order with matching
@@ -129,7 +132,8 @@ class Relay {
   // Starts reducing `count` elements at `data` (a piece of this rank's slice, in its part of a
   // shared array) with the other hosts, in place.
   virtual void start(void* data, std::size_t count) = 0;
-  // Returns once the oldest piece started is reduced; throws PeerError when that failed.
+  // Returns once the oldest piece started is reduced; throws PeerError when that failed. Bounded
+  // by the group's timeout: the peers waiting for this rank meanwhile wait for its verdict.
   virtual void finish() = 0;
 };
 
@@ -252,6 +256,7 @@ class Communicator {
   void check_descriptors();
   void check_failed_peers();
   void check_departed_peers(std::uint32_t target, const Step& step, bool look_at_pids);
+  bool waits_for_other_hosts(int peer) const;
   [[noreturn]] void throw_timeout(std::uint32_t target, const Step& step, int late);
   int number_of(int rank) const;     // the number errors give `rank` (Options::rank_names)
   std::string name(int rank) const;  // "rank <number>"

@@ -633,6 +633,31 @@ TEST(ShmSegment, ErrorsNameTheObjectAndTheReason) {
   }
   EXPECT_THROW(shm::Segment::open(name, 8192), shm::ShmUnavailable);  // shorter than expected
   EXPECT_THROW(shm::Segment::create("no-slash", 4096), shm::ShmUnavailable);
+  // A peer's object is what create() makes: this user's, 0600. Another mode, or (where this
+  // process may give one away: root) another owner, is refused by name.
+  const auto refused = [&](const std::string& object) {
+    try {
+      shm::Segment::open(object, 4096);
+    } catch (const shm::ShmUnavailable& e) {
+      return std::string(e.what());
+    }
+    return std::string("opened");
+  };
+  {
+    shm::Segment planted = shm::Segment::create(scratch.prefix + "-planted", 4096);
+    const int fd = ::shm_open(planted.name().c_str(), O_RDWR, 0);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::fchmod(fd, 0644), 0);
+    EXPECT_NE(refused(planted.name()).find(planted.name() + " has mode 0644, not 0600"), std::string::npos)
+        << refused(planted.name());
+    ASSERT_EQ(::fchmod(fd, 0600), 0);
+    if (::fchown(fd, 4242, static_cast<gid_t>(-1)) == 0) {
+      EXPECT_NE(refused(planted.name()).find(planted.name() + " belongs to uid 4242, not to this process's uid"),
+                std::string::npos)
+          << refused(planted.name());
+    }
+    ::close(fd);
+  }
 
   // The mapping outlives the name; moving keeps the ownership; destruction removes an owned name.
   shm::Segment peer = shm::Segment::open(name, 4096);
@@ -1226,6 +1251,77 @@ TEST(ShmCommunicator, FrozenRankIsNamedAfterTheTimeout) {
     EXPECT_NE(outcomes[rank].report.find("stopped) did not arrive within 1500 ms"), std::string::npos) << outcomes[rank].report;
     EXPECT_LT(at - stopped_at, std::chrono::nanoseconds(kTimeout + 2s).count()) << outcomes[rank].report;
     std::printf("[          ] rank %d threw %.0f ms after the stop: %s\n", rank, (at - stopped_at) / 1e6, outcomes[rank].report.c_str());
+  }
+  EXPECT_TRUE(leftovers(scratch.prefix).empty());
+}
+
+// Errors blame the rank at fault, not one that waited for it. (1) Rank 1's step across the hosts
+// (a relay) holds it past the timeout and then fails naming a rank on the other host: its peers,
+// which waited for rank 1, fail with that error, not "rank 1 did not arrive". (2) Rank 2 is stopped
+// and rank 1 is late, running: rank 0's error blames the stopped rank, naming it first.
+class HeldUpRelay final : public shm::Relay {
+ public:
+  explicit HeldUpRelay(std::chrono::milliseconds hold) : hold_(hold) {}
+  void start(void*, std::size_t) override {}
+  void finish() override {
+    if (hold_.count() == 0) return;
+    std::this_thread::sleep_for(hold_);
+    throw shm::PeerError(1, "rank 9 (pid 99, stopped) did not arrive within 400 ms; rank 8 was in allreduce_shared #1");
+  }
+
+ private:
+  std::chrono::milliseconds hold_;
+};
+
+TEST(ShmCommunicator, ErrorsBlameTheRankAtFaultNotOneThatWaited) {
+  constexpr int kWorld = 3;
+  constexpr auto kTimeout = 400ms;
+  Scratch scratch;
+  RunOptions run;
+  run.meanwhile = [&](const std::vector<pid_t>& pids) {  // thaw and end rank 2 once the others reported (bounded)
+    const auto deadline = Clock::now() + 60s;
+    for (int rank : {0, 1}) {
+      while (!file_exists(scratch.folder + "/report-" + std::to_string(rank)) && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    }
+    ::kill(pids[2], SIGCONT);
+    ::kill(pids[2], SIGKILL);
+  };
+  const auto outcomes = run_ranks(kWorld, scratch, [&](int rank) -> std::string {
+    FileRendezvous rendezvous(scratch.folder);
+    shm::Options options = test_options();
+    options.timeout = kTimeout;
+    std::string report;
+    {
+      shm::Communicator comm(rendezvous, scratch.prefix, rank, kWorld, options);
+      const auto array = comm.share(std::size_t{1} << 16);
+      HeldUpRelay relay(rank == 1 ? 2 * kTimeout : 0ms);
+      try {
+        comm.allreduce_shared(*array, 0, 1 << 14, shm::DType::kFloat32, shm::Op::kSum, 1.0, &relay);
+        report += "the held-up relay's allreduce_shared did not throw; ";
+      } catch (const shm::PeerError& e) {
+        if (std::string(e.what()).rfind("rank 9 (pid 99, stopped) did not arrive", 0) != 0) {
+          report += std::string("(1) wrong error: ") + e.what() + "; ";
+        }
+      }
+    }
+    shm::Communicator comm(rendezvous, scratch.prefix + "-2", rank, kWorld, options);
+    if (rank == 2) ::raise(SIGSTOP);
+    if (rank == 1) std::this_thread::sleep_for(kTimeout + 300ms);
+    std::vector<float> data(64, 1.0f);
+    try {
+      comm.allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kSum);
+      report += "(2) the allreduce did not throw";
+    } catch (const shm::PeerError& e) {
+      const std::string what = e.what();
+      if (e.peer() != 2 || what.rfind("ranks 2 (pid ", 0) != 0 || what.find(", stopped), 1 (pid ") == std::string::npos) {
+        report += "(2) wrong error (peer " + std::to_string(e.peer()) + "): " + what;
+      }
+    }
+    return report;
+  }, run);
+  for (int rank : {0, 1}) {
+    EXPECT_TRUE(outcomes[rank].finished) << "rank " << rank << ": " << outcomes[rank].exit;
+    EXPECT_EQ(outcomes[rank].report, "") << "rank " << rank;
   }
   EXPECT_TRUE(leftovers(scratch.prefix).empty());
 }

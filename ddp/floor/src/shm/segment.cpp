@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -50,6 +51,25 @@ struct Fd {
   }
 };
 
+// A peer's segment is what create() makes: this user's, 0600, at least `bytes` long. Anything
+// else was made by someone else (planted under the name before the peer made its own) or changed
+// since; a shorter one would SIGBUS when mapped past its end.
+void check_made_by_peer(const std::string& name, const struct stat& info, std::size_t bytes) {
+  const std::string object = "shared memory object " + name;
+  if (info.st_uid != ::geteuid()) {
+    throw ShmUnavailable(object + " belongs to uid " + std::to_string(info.st_uid) + ", not to this process's uid " +
+                         std::to_string(::geteuid()) + ": not made by a rank of this job");
+  }
+  if ((info.st_mode & 07777) != (S_IRUSR | S_IWUSR)) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(info.st_mode & 07777));
+    throw ShmUnavailable(object + " has mode " + mode + ", not 0600: not made by a rank of this job, or changed since");
+  }
+  if (static_cast<std::size_t>(info.st_size) < bytes) {
+    throw ShmUnavailable(object + " holds " + std::to_string(info.st_size) + " bytes, expected " + std::to_string(bytes));
+  }
+}
+
 void* map(int fd, std::size_t bytes, const std::string& name) {
   // MAP_POPULATE: fault every page in now rather than inside the first collective.
   void* data = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
@@ -84,13 +104,9 @@ Segment Segment::open(const std::string& name, std::size_t bytes) {
   check_name(name);
   Fd fd{::shm_open(name.c_str(), O_RDWR, 0)};
   if (fd.fd < 0) fail(name, "shm_open", errno);
-  // A shorter object is not the segment we were told about: mapping past its end would SIGBUS.
   struct stat info {};
   if (::fstat(fd.fd, &info) != 0) fail(name, "fstat", errno);
-  if (static_cast<std::size_t>(info.st_size) < bytes) {
-    throw ShmUnavailable("shared memory object " + name + " holds " + std::to_string(info.st_size) + " bytes, expected " +
-                         std::to_string(bytes));
-  }
+  check_made_by_peer(name, info, bytes);
   Segment segment;
   segment.name_ = name;
   segment.data_ = map(fd.fd, bytes, name);

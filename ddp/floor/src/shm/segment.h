@@ -31,8 +31,9 @@ class Segment {
   // system's reason. The segment owns the name until unlink() or destruction.
   static Segment create(const std::string& name, std::size_t bytes);
 
-  // Maps the existing object `name` created by another process, which must be at least `bytes`
-  // long. Does not own the name. Throws ShmUnavailable naming the object and the reason.
+  // Maps the existing object `name` created by another process, which must be what create()
+  // makes: owned by this process's user, mode 0600, at least `bytes` long. Does not own the name.
+  // Throws ShmUnavailable naming the object and the reason.
   static Segment open(const std::string& name, std::size_t bytes);
 
   Segment() noexcept = default;
