@@ -1,7 +1,7 @@
 // The gate between a checkpoint's bytes and LibTorch's readers. The checksum proves a file is the
 // one written, not that it was written by us: a file altered and re-sealed, or simply made by
 // someone else, reaches LibTorch's zip reader, unpickler and TorchScript compiler, which trust
-// their input (issue 17: segfaults in the type parser, assertion failures). So before LibTorch
+// their input (a crafted file segfaults the type parser or fails its assertions). So before LibTorch
 // reads an archive: (1) the zip directory is read here, for each record's size and whether it is
 // compressed (only where a writer compresses: TorchScript's code); (2) code, which a TorchScript
 // archive carries and LibTorch compiles, is inflated one record at a time, each only if its size
@@ -196,7 +196,7 @@ struct Directory {
 //   central directory | [ZIP64 directory record | ZIP64 locator] | directory record (EOCD)
 // each part where the one after it says, on disk 0 of 1, with the same counts in every record.
 // Anything else is refused, with the field named: an edit there is accepted by some zip
-// readers and not by others (issue 28).
+// readers and not by others.
 Directory locate_directory(const ZipBytes& zip) {
   const uint64_t total = zip.size();
   // The EOCD closes the archive, without a comment: so every writer of ours and torch.save leave

@@ -72,8 +72,7 @@ void refuse_foreign_link(const std::string& path, const std::string& link) {
 
 // The file a save replaces: `path`, or the regular file a symbolic link there names (torch.save
 // writes through a link, and so do we: the link stays, its file is replaced). Anything else is
-// refused, so a save never replaces a FIFO, a device node, a socket or a directory with a file
-// (issue 28: a FIFO or a device node at the path became a regular file).
+// refused, so a save never replaces a FIFO, a device node, a socket or a directory with a file.
 std::string file_to_replace(const std::string& path) {
   namespace fs = std::filesystem;
   const std::string not_regular =

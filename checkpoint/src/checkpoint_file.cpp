@@ -76,8 +76,8 @@ std::string hex32(uint32_t value) {
 // --- Python's OrderedDict ---------------------------------------------------------------------------
 // Python's torch.save(model.state_dict()) pickles a collections.OrderedDict (plus a _metadata
 // attribute set by BUILD). LibTorch's C++ unpickler turns an OrderedDict into None and knows no
-// SETITEM, so such a file would not load. Not a 1.13 quirk: 2.6's does the same (checked on
-// 2026-11-25: without this rewrite both fail "Expected GenericDict but got None"), so it stays
+// SETITEM, so such a file would not load. Not a 1.13 quirk: 2.6's does the same (without this
+// rewrite both fail "Expected GenericDict but got None"), so it stays
 // here for every version rather than behind compat.h. We rewrite just those two spots of the pickle: the root
 // becomes a plain dict, the OrderedDict global stays in the memo (tensors reference it for their
 // backward hooks) as a dummy entry removed after loading, and the trailing _metadata BUILD is cut.

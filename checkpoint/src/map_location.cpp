@@ -60,7 +60,7 @@ std::string MapLocation::operator()(const std::string& saved_device) const {
 c10::Device MapLocation::device_for(const std::string& saved_device) const {
   const c10::Device device((*this)(saved_device));
   // A meta tensor has sizes but no data: LibTorch would place a checkpoint's tensors there, then
-  // fail copying them into the model (issue 28: a device entry "meta" in a crafted file).
+  // fail copying them into the model (a crafted file can name "meta" as a tensor's device).
   if (device.is_meta()) {
     throw std::invalid_argument("map_location: the meta device holds no data, so a checkpoint cannot be loaded onto "
                                 "it (map it to a device that does, e.g. ddp::MapLocation(\"cpu\"))");

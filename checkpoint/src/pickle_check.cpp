@@ -1,11 +1,11 @@
 // A dry run of a pickle, before LibTorch's unpickler sees it. LibTorch's unpickler trusts its
 // input: an opcode that pops an empty stack, a memo index of four billion, a tensor whose sizes
 // reach past its storage, or a type tag its parser cannot handle crash the process instead of
-// failing (issue 17 found each in re-sealed checkpoints). So we run the pickle on a shadow
+// failing (each one does, in a re-sealed checkpoint). So we run the pickle on a shadow
 // machine first: the same stack, marks and memo, but values reduced to what a checkpoint can
 // hold, and every step checked. Only pickles that pass reach LibTorch.
 //
-// Nesting is bounded (issue 28): LibTorch builds and frees nested values recursively, so a
+// Nesting is bounded: LibTorch builds and frees nested values recursively, so a
 // pickle nesting lists a few hundred thousand deep overflowed the stack. Each value here knows
 // how deep it nests; a container is filled before it goes inside another (as every pickler
 // writes it), so that depth stays true; and values are freed by a loop, not recursion.
