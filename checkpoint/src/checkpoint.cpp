@@ -178,6 +178,14 @@ std::string optimizer_type(const torch::optim::Optimizer& optimizer) {
   return c10::demangle(typeid(optimizer).name());
 }
 
+// The format an optimizer type's state is saved in: a ZeroRedundancyOptimizer<Optim> writes and
+// reads Optim's own (its state consolidated), so it and a plain Optim load each other's.
+std::string state_format(const std::string& type) {
+  const std::string zero = "ddp::ZeroRedundancyOptimizer<";
+  if (type.rfind(zero, 0) != 0 || type.back() != '>') return type;
+  return type.substr(zero.size(), type.size() - zero.size() - 1);
+}
+
 std::string optimizer_device(const torch::optim::Optimizer& optimizer) {
   for (const auto& group : optimizer.param_groups()) {
     if (!group.params().empty()) return group.params().front().device().str();
@@ -427,7 +435,7 @@ ParameterNames parameter_names(const LoadedContents& contents) {
 void load_optimizer(const std::vector<char>& zip, const std::string& path, const SavedOptimizer& saved,
                     const std::string& record, const std::string& where, torch::optim::Optimizer& optimizer,
                     const LoadOptions& options, const ParameterNames& name_of) {
-  if (saved.type != optimizer_type(optimizer)) {
+  if (state_format(saved.type) != state_format(optimizer_type(optimizer))) {
     throw CheckpointError("checkpoint " + path + " holds " + saved.type + " state" + where + ", the optimizer is " +
                           optimizer_type(optimizer));
   }

@@ -334,6 +334,108 @@ TEST(Zero, CheckpointResumesBitwiseAtTheSameAndAtAnotherWorldSize) {
   remove_tree(options.shared_dir);
 }
 
+// PyTorch's test_state_dict: the saved state carries the groups' options, and loading restores
+// them ("we should be using LR1 and not LR2 after reloading"), so the momentum buffer goes on:
+// x = 1 - 0.1 * 1 = 0.9, then buffer 0.9 * 1 + 1 = 1.9 and x = 0.9 - 0.1 * 1.9 = 0.71.
+DDP_WORKER(zero_state_dict_options) {
+  worker_init(std::chrono::seconds(30));
+  using ZeroSgd = ddp::ZeroRedundancyOptimizer<torch::optim::SGD>;
+  const std::string file = shared_dir() + "/zero_sgd.pt";
+  auto x = torch::tensor({1.0f}).requires_grad_(true);
+  ZeroSgd o({x}, {}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  x.backward();
+  o.step();
+  require(x.item<float>() == 0.9f, "x after the first step: " + std::to_string(x.item<float>()));
+  o.zero_grad();
+  o.consolidate_state_dict(0);
+  if (ddp::get_rank() == 0) {
+    torch::serialize::OutputArchive archive;
+    o.save(archive);
+    archive.save_to(file);
+  }
+  ddp::barrier();
+
+  ZeroSgd reloaded({x}, {}, torch::optim::SGDOptions(0.01));
+  torch::serialize::InputArchive archive;
+  archive.load_from(file);
+  reloaded.load(archive);
+  for (const torch::optim::Optimizer* opt : {static_cast<const torch::optim::Optimizer*>(&reloaded),
+                                              static_cast<const torch::optim::Optimizer*>(&reloaded.optim())}) {
+    const auto& options = static_cast<const torch::optim::SGDOptions&>(opt->param_groups()[0].options());
+    require(options.lr() == 0.1 && options.momentum() == 0.9,
+            "after load: lr " + std::to_string(options.lr()) + ", momentum " + std::to_string(options.momentum()) +
+                (opt == &reloaded ? " on the wrapper" : " on the local optimizer"));
+  }
+  x.backward();
+  reloaded.step();
+  require(std::abs(x.item<float>() - 0.71f) < 1e-6f, "x after the step from the loaded state: " +
+                                                         std::to_string(x.item<float>()) + ", PyTorch's is 0.71");
+}
+TEST(Zero, LoadRestoresTheSavedOptionsAsPyTorchsTestStateDict) {
+  RunOptions options;
+  options.shared_dir = make_temp_dir("zero_state_dict");
+  EXPECT_WORKERS_OK(run_workers("zero_state_dict_options", 2, options));
+  remove_tree(options.shared_dir);
+}
+
+// A ZeRO checkpoint loads into the plain optimizer, and the plain optimizer's into ZeRO: both hold
+// Optim's own format (ZeRO's state consolidated), so each goes on bitwise as 10 steps straight.
+std::string zero_file() { return shared_dir() + "/from_zero.pt"; }
+std::string plain_file() { return shared_dir() + "/from_plain.pt"; }
+MLP plain_adam_reference(int steps) {
+  torch::manual_seed(5);
+  MLP reference;
+  torch::optim::Adam plain(reference->parameters(), kAdam);
+  train(reference, plain, 0, steps);
+  return reference;
+}
+
+DDP_WORKER(zero_saves_for_plain) {
+  worker_init(std::chrono::seconds(30));
+  torch::manual_seed(5);
+  MLP net;
+  ZeroAdam opt(net->parameters(), {}, kAdam);
+  train(net, opt, 0, 5);
+  opt.consolidate_state_dict(0);
+  ddp::save_checkpoint(zero_file(), *net, &opt, ddp::TrainingState());
+}
+
+DDP_WORKER(plain_loads_zero_and_saves) {
+  worker_init(std::chrono::seconds(30));
+  torch::manual_seed(99);
+  MLP net;
+  torch::optim::Adam plain(net->parameters(), kAdam);
+  ddp::load_checkpoint(zero_file(), *net, &plain);
+  train(net, plain, 5, 10);
+  MLP reference = plain_adam_reference(10);
+  expect_bitwise(net, reference, "plain Adam from ZeRO's checkpoint");
+
+  torch::manual_seed(5);
+  MLP first;
+  torch::optim::Adam first_opt(first->parameters(), kAdam);
+  train(first, first_opt, 0, 5);
+  ddp::save_checkpoint(plain_file(), *first, &first_opt, ddp::TrainingState());
+}
+
+DDP_WORKER(zero_loads_plain) {
+  worker_init(std::chrono::seconds(30));
+  torch::manual_seed(99);
+  MLP net;
+  ZeroAdam opt(net->parameters(), {}, kAdam);
+  ddp::load_checkpoint(plain_file(), *net, &opt);
+  train(net, opt, 5, 10);
+  MLP reference = plain_adam_reference(10);
+  expect_bitwise(net, reference, "ZeRO from plain Adam's checkpoint");
+}
+TEST(Zero, ItsCheckpointLoadsIntoThePlainOptimizerAndBack) {
+  RunOptions options;
+  options.shared_dir = make_temp_dir("zero_plain");
+  EXPECT_WORKERS_OK(run_workers("zero_saves_for_plain", 2, options));
+  EXPECT_WORKERS_OK(run_workers("plain_loads_zero_and_saves", 1, options));
+  EXPECT_WORKERS_OK(run_workers("zero_loads_plain", 2, options));
+  remove_tree(options.shared_dir);
+}
+
 // --- uneven inputs -----------------------------------------------------------------------------
 // Rank r has 4 + r batches. A rank that ran out still steps its shard with the averaged gradients
 // DDP's shadow pass gives it, and broadcasts it: every rank ends equal to one process that, in

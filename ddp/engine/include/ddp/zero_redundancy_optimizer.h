@@ -130,8 +130,10 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   void save(torch::serialize::OutputArchive& archive) const override;
   // PyTorch's load_state_dict(): reads a whole state in Optim's format (saved by save() at any
   // world size, or by a plain Optim over the same parameter groups) and keeps this rank's shard of
-  // it, and every group's options. Not collective. Throws what Optim's load throws for a state of
-  // other parameter groups.
+  // it. Every group's options (lr, momentum, ...) become the saved ones, here and on the local
+  // optimizer, as PyTorch's load_state_dict does (LibTorch's Optimizer::load keeps its own): to
+  // train on with other options, set them after loading. Not collective. Throws what Optim's load
+  // throws for a state of other parameter groups.
   void load(torch::serialize::InputArchive& archive) override;
 
   // The partition: for each rank, its parameters (group by group, in the order they are updated).
