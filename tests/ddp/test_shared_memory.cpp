@@ -347,6 +347,11 @@ TEST(SharedMemory, AKilledRankIsNamedAndNothingIsLeftInDevShm) {
       const std::string message = read_file(dir + "/error." + std::to_string(rank));
       EXPECT_NE(message.find("rank " + std::to_string(victim)), std::string::npos)
           << "round " << round << ", rank " << rank << " does not name killed rank " << victim << ": " << message;
+      // The stall check after it tells an exit from a stop: the killed rank's pid means it here too.
+      EXPECT_NE(message.find("rank " + std::to_string(victim) + " exited (no heartbeat for 2.5 s: its process, pid " +
+                             std::to_string(pids[victim]) + ", is gone)"),
+                std::string::npos)
+          << "round " << round << ", rank " << rank << "'s stall check does not say killed rank " << victim << " exited: " << message;
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
     EXPECT_LT(seconds, 15) << "round " << round << ": the survivors took " << seconds << " s to fail";

@@ -4,6 +4,7 @@
 #include <ddp/wait_collective.h>
 
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -15,6 +16,12 @@
 #include "error_text.h"
 #include "store_text.h"
 #include "text.h"
+
+#ifndef _WIN32  // no /proc: a silent rank is never told apart there
+#include <unistd.h>
+
+#include "shm/process.h"
+#endif
 
 namespace ddp::detail {
 
@@ -37,7 +44,42 @@ constexpr const char* kRefusalKey = "ddp/rendezvous/error";
 struct Beat {
   long count = 0;
   bool waiting = false;
+  int pid = 0;                   // the rank's process, as seen from its pid space
+  std::uint64_t start_time = 0;  // that process's start (shm/process.h)
+  std::string pid_space;         // where that pid means that process (shm::pid_space(); "-": unknown)
 };
+
+// Where this process's pid means this process (shm::pid_space()); "-": nowhere we can tell.
+std::string my_pid_space() {
+#ifdef _WIN32
+  return "-";
+#else
+  const std::string space = shm::pid_space();
+  return space.empty() ? "-" : space;
+#endif
+}
+
+// This process, as its heartbeat tells the others: "<pid> <start time> <pid space>".
+std::string identity() {
+#ifdef _WIN32
+  return "0 0 -";
+#else
+  const int pid = static_cast<int>(::getpid());
+  return std::to_string(pid) + " " + std::to_string(shm::read_process(pid).start_time) + " " + my_pid_space();
+#endif
+}
+
+// What a rank's silence means, where its pid means its process here too: "exited", "stopped", or
+// empty (alive, or nothing to tell).
+std::string state_of(const Beat& beat, const std::string& my_space) {
+#ifndef _WIN32
+  if (beat.pid <= 0 || my_space == "-" || beat.pid_space != my_space) return "";
+  const shm::ProcessInfo now = shm::read_process(beat.pid);
+  if (shm::exited(now, beat.start_time)) return "exited";
+  if (shm::stopped(now)) return "stopped";
+#endif
+  return "";
+}
 
 class Heartbeat {
  public:
@@ -87,10 +129,11 @@ class Heartbeat {
     }
     long beat = 0;
     bool refusal_named = false;
+    const std::string me = identity();
     std::unique_lock<std::mutex> lock(mutex_);
     while (!stopping_) {
-      const std::string value =
-          std::to_string(++beat) + " " + (g_collectives_waiting.load(std::memory_order_relaxed) > 0 ? "1" : "0");
+      const std::string value = std::to_string(++beat) + " " +
+                                (g_collectives_waiting.load(std::memory_order_relaxed) > 0 ? "1" : "0") + " " + me;
       lock.unlock();
       try {
         store->set(key_of(rank_), bytes_of(value));
@@ -125,6 +168,8 @@ class Heartbeat {
       int waiting = 0;
       if (fields >> beat.count >> waiting) {
         beat.waiting = waiting != 0;
+        fields >> beat.pid >> beat.start_time >> std::ws;
+        std::getline(fields, beat.pid_space);
         beats[r] = beat;
       }
     }
@@ -140,8 +185,7 @@ class Heartbeat {
       if (!after[r]) {
         findings.push_back(who + " never sent a heartbeat");
       } else if (!before[r] || after[r]->count == before[r]->count) {
-        findings.push_back(who + " stopped (no heartbeat for " + seconds +
-                           " s: its process is frozen, stopped or gone, or its host is unreachable)");
+        findings.push_back(why_silent(who, seconds, *after[r]));
       } else if (!after[r]->waiting && !before[r]->waiting) {
         findings.push_back(who + " is running but in no collective (busy in its own code, or deadlocked there)");
       }
@@ -150,6 +194,18 @@ class Heartbeat {
     return "Stall check: " + join_limited(findings, 8, "; ", [](const std::string& finding) { return finding; });
   }
 
+  // A rank whose heartbeat did not move: exited or stopped, where its pid means its process here;
+  // otherwise all that silence can mean.
+  std::string why_silent(const std::string& who, const std::string& seconds, const Beat& beat) const {
+    const std::string silence = " (no heartbeat for " + seconds + " s: ";
+    const std::string process = "its process, pid " + std::to_string(beat.pid);
+    const std::string state = state_of(beat, pid_space_);
+    if (state == "exited") return who + " exited" + silence + process + ", is gone)";
+    if (state == "stopped") return who + " stopped" + silence + process + ", is stopped: SIGSTOP or a debugger)";
+    return who + " stopped" + silence + "its process is frozen, stopped or gone, or its host is unreachable)";
+  }
+
+  const std::string pid_space_ = my_pid_space();
   const int rank_, world_size_;
   std::mutex mutex_;
   std::condition_variable wake_;

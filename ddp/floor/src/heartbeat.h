@@ -3,9 +3,11 @@
 // come; the stall check (Horovod's has one) names it. Every rank of the default group runs a
 // heartbeat thread that writes "<beat> <waiting>" under torchddp/heartbeat/<rank> in the group's
 // store once a second: <beat> counts up while the process runs (a frozen, stopped or dead process
-// stops counting, all its threads with it), <waiting> says whether it is inside a collective.
-// When a collective fails, the rank that waited reads every heartbeat twice, 2.5 s apart, and
-// names the ranks that stopped and the ones that run but are in no collective.
+// stops counting, all its threads with it), <waiting> says whether it is inside a collective, and
+// "<pid> <start time> <pid space>" which process it is (shm/process.h). When a collective fails,
+// the rank that waited reads every heartbeat twice, 2.5 s apart, and names the ranks that stopped
+// beating - as "exited" or "stopped" where their pid means their process here too (one host, one
+// pid namespace) - and the ones that run but are in no collective.
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -22,7 +24,8 @@ namespace ddp::detail {
 void start_heartbeat(std::function<c10::intrusive_ptr<c10d::Store>()> connect, int rank, int world_size);
 void stop_heartbeat();
 
-// "Stall check: rank 1 stopped (...)"; empty when no heartbeat runs. Blocks about 2.5 s.
+// "Stall check: rank 1 stopped (...)", "rank 2 exited (...)"; empty when no heartbeat runs.
+// Blocks about 2.5 s.
 std::string stall_report();
 
 }  // namespace ddp::detail
