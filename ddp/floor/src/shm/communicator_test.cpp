@@ -1294,7 +1294,7 @@ TEST(ShmCommunicator, ErrorsBlameTheRankAtFaultNotOneThatWaited) {
     {
       shm::Communicator comm(rendezvous, scratch.prefix, rank, kWorld, options);
       const auto array = comm.share(std::size_t{1} << 16);
-      HeldUpRelay relay(rank == 1 ? 2 * kTimeout : 0ms);
+      HeldUpRelay relay(rank == 1 ? kTimeout + 200ms : 0ms);  // past the timeout, as a relay bounded by its own
       try {
         comm.allreduce_shared(*array, 0, 1 << 14, shm::DType::kFloat32, shm::Op::kSum, 1.0, &relay);
         report += "the held-up relay's allreduce_shared did not throw; ";
