@@ -6,7 +6,9 @@
 #      process's
 #   2. a rank killed in the middle of 33.6 MB allreduces (rank 3, host 2), or of DDP training with its
 #      buckets in shared memory (rank 1, host 1), ends every other rank within 20 s with an error
-#      naming it
+#      naming it; one stopped (SIGSTOP, rank 3) ends them after the timeout (4 s here) with an error
+#      that blames it first - not rank 1, its partner across the hosts, which only waited for it -
+#      and rank 0's stall check says it is stopped; resumed (SIGCONT), it blames itself first too
 #   3. uneven hosts, 2 + 1 ranks: the world is Gloo alone ("gloo") with one notice line in the
 #      whole job, and all_reduce and DDP's gradients are right
 #   4. host 2's /dev/shm (remounted at 16 MiB) holds the groups but neither a grown scratch array
@@ -41,11 +43,15 @@ for how in "JOB_ENV_3=TORCHDDP_HIERARCHICAL=0" "JOB_ENV=HOST_RANK_NO_HIERARCHICA
   echo "$how: 2 hosts x 2 ranks on gloo, no notice, DDP gradients match one process's"
 done
 
-# 2. A killed rank, on host 2 (all_reduce) and on host 1 (DDP training).
-for victim in 3 1; do
+# 2. A killed rank, on host 2 (all_reduce) and on host 1 (DDP training); a stopped one on host 2.
+for how in kill:3 kill:1 stop:3; do
+  signal=${how%:*} victim=${how#*:} done_to=killed
+  [[ $signal == stop ]] && done_to=stopped
   port=$((port + 4))
   what=$([[ $victim == 3 ]] && echo "" || echo ddp)
+  [[ $signal == stop ]] && export JOB_ENV=HOST_RANK_TIMEOUT_S=4
   start_job "2 2" "$port" "$program" forever ${what:+"$what"}
+  unset JOB_ENV
   for _ in $(seq 300); do  # bounded: 60 s for every rank to be in its loop
     [[ $(cat "$SIM_HOSTS_DIR"/logs/rank_*.txt | grep -c " ready ") == 4 ]] && break
     sleep 0.2
@@ -54,20 +60,39 @@ for victim in 3 1; do
   [[ $(grep -c " ready transport=gloo+shm hierarchical (2 hosts x 2)$" <<<"$out") == 4 ]] ||
     { await_job 1; fail "not every rank of 2 hosts x 2 started all-reducing hierarchically"; }
   sleep 0.$((RANDOM % 9 + 1))
-  { kill -9 "${JOB_PIDS[$victim]}" && wait "${JOB_PIDS[$victim]}"; } 2>/dev/null  # no "Killed" notice
+  if [[ $signal == kill ]]; then
+    { kill -9 "${JOB_PIDS[$victim]}" && wait "${JOB_PIDS[$victim]}"; } 2>/dev/null  # no "Killed" notice
+  else
+    kill -STOP "${JOB_PIDS[$victim]}"
+  fi
   killed_at=$SECONDS
+  if [[ $signal == stop ]]; then  # bounded: the others end within 24 s; then the victim is resumed
+    for _ in $(seq 120); do
+      [[ $(cat "$SIM_HOSTS_DIR"/logs/rank_*.txt | grep -c "^rank=[0-9]* error=") == 3 ]] && break
+      sleep 0.2
+    done
+    kill -CONT "${JOB_PIDS[$victim]}"  # it ends by itself: its own error blames itself first
+  fi
   await_job 20
   out=$JOB_OUT
   elapsed=$((SECONDS - killed_at))
   for rank in 0 1 2 3; do
-    [[ $rank == "$victim" ]] && continue
+    [[ $rank == "$victim" && $signal == kill ]] && continue
     [[ ${JOB_CODES[$rank]} == 0 ]] ||
-      fail "rank $rank did not end within 20 s of rank $victim (host ${JOB_HOST[$victim]}) being killed: ${JOB_CODES[$rank]}"
-    grep -q "^rank=$rank error=.*rank $victim[^0-9]" <<<"$(rank_log "$rank")" ||
-      fail "rank $rank's error does not name killed rank $victim"
-    echo "  rank $rank: $(grep "^rank=$rank error=" <<<"$(rank_log "$rank")" | cut -c1-300)"
+      fail "rank $rank did not end within 20 s of rank $victim (host ${JOB_HOST[$victim]}) being $done_to: ${JOB_CODES[$rank]}"
+    error=$(grep "^rank=$rank error=" <<<"$(rank_log "$rank")")
+    grep -q "rank $victim[^0-9]" <<<"$error" || fail "rank $rank's error does not name $done_to rank $victim"
+    if [[ $signal == stop ]]; then
+      grep -q "Cause: rank $victim (pid [0-9]*, stopped) did not arrive" <<<"$error" ||
+        fail "rank $rank's error does not blame stopped rank $victim first"
+    fi
+    echo "  rank $rank: $(cut -c1-300 <<<"$error")"
   done
-  echo "rank $victim (host ${JOB_HOST[$victim]}) killed in ${what:-all_reduce} loop: the other 3 ranks ended within ${elapsed} s naming it"
+  if [[ $signal == stop ]]; then
+    grep -q "Stall check: rank $victim stopped (no heartbeat for 2.5 s: its process, pid [0-9]*, is stopped" <<<"$(rank_log 0)" ||
+      fail "rank 0's stall check does not say rank $victim is stopped"
+  fi
+  echo "rank $victim (host ${JOB_HOST[$victim]}) $done_to in ${what:-all_reduce} loop: the other 3 ranks ended within ${elapsed} s naming it"
 done
 
 # 3. Uneven hosts: 2 + 1 ranks.

@@ -40,7 +40,11 @@
 
 namespace {
 
-constexpr auto kTimeout = std::chrono::seconds(60);  // a lost peer fails the test, never hangs it
+// A lost peer fails the test, never hangs it; HOST_RANK_TIMEOUT_S shortens it (a stopped rank's test).
+std::chrono::milliseconds timeout() {
+  const char* seconds = std::getenv("HOST_RANK_TIMEOUT_S");
+  return std::chrono::seconds(seconds != nullptr ? std::stoi(seconds) : 60);
+}
 
 std::string env(const char* name) {
   const char* value = std::getenv(name);
@@ -158,7 +162,7 @@ bool close(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>
 
 ddp::ProcessGroupPtr init_world() {
   ddp::InitOptions world_options{"gloo", "env://"};
-  world_options.timeout = kTimeout;
+  world_options.timeout = timeout();
   world_options.hierarchical(std::getenv("HOST_RANK_NO_HIERARCHICAL") == nullptr);
   return ddp::init_process_group(world_options);
 }
@@ -177,7 +181,7 @@ int check() {
   ddp::InitOptions host_options{"gloo", env("HOST_GROUP_INIT")};
   host_options.rank = std::stoi(env("LOCAL_RANK"));
   host_options.world_size = std::stoi(env("LOCAL_WORLD_SIZE"));
-  host_options.timeout = kTimeout;
+  host_options.timeout = timeout();
   auto host = ddp::new_process_group(host_options);
   std::cout << "rank=" << rank << " host_transport=" << ddp::transport(host)
             << " host_sum=" << sum_of_ranks_plus_one(host) << std::endl;

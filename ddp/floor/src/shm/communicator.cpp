@@ -338,14 +338,24 @@ void Communicator::check_descriptors() {
   }
 }
 
+// The control block of the first peer that raised its failure flag, or null.
+const Communicator::ControlBlock* Communicator::failed_peer() const {
+  for (int p = 0; p < size_; ++p) {
+    if (p != rank_ && peers_[p].control->failed.load(std::memory_order_acquire) != 0) return peers_[p].control;
+  }
+  return nullptr;
+}
+
 // A peer that failed raised its flag and woke us: fail with its error (same text, same culprit).
 void Communicator::check_failed_peers() {
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    const ControlBlock& control = *peers_[p].control;
-    if (control.failed.load(std::memory_order_acquire) == 0) continue;
-    throw PeerError(control.culprit, std::string(control.message, strnlen(control.message, kMessageBytes)));
+  if (const ControlBlock* control = failed_peer()) {
+    throw PeerError(control->culprit, std::string(control->message, strnlen(control->message, kMessageBytes)));
   }
+}
+
+std::string Communicator::peer_failure() const {
+  const ControlBlock* control = peers_.empty() ? nullptr : failed_peer();
+  return control ? std::string(control->message, strnlen(control->message, kMessageBytes)) : "";
 }
 
 namespace {

@@ -227,6 +227,9 @@ class Communicator {
   // allreduce's step across hosts): every later call throws it, and peers waiting for this rank
   // fail at once with its text. Only the first failure is kept.
   void fail(const PeerError& error) noexcept;
+  // The error a peer failed with (its text), or "" while none has: what a rank whose work outside
+  // the communicator failed names first, when its host's peers already know the cause.
+  std::string peer_failure() const;
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   const Options& options() const noexcept { return options_; }
@@ -254,6 +257,7 @@ class Communicator {
   std::pair<std::size_t, std::size_t> slice(int rank, std::size_t n, std::size_t element_size) const;
   const Descriptor& current() const;
   void check_descriptors();
+  const ControlBlock* failed_peer() const;
   void check_failed_peers();
   void check_departed_peers(std::uint32_t target, const Step& step, bool look_at_pids);
   bool waits_for_other_hosts(int peer) const;

@@ -8,6 +8,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -216,21 +217,36 @@ void Hierarchical::finish_part(const c10::intrusive_ptr<c10d::Work>& work) {
   try {
     work->wait();  // done (wait_watching): throws Gloo's error, if any
   } catch (const std::exception& error) {
-    // Name the ranks this one reduced with (one of them, or what stopped it, is the cause), and
-    // what another rank told of its failure; then fail my host's Communicator with that text: my
-    // host's peers wait for my next step and would otherwise wait until the timeout.
-    if (told.empty()) told = failure_told();
+    // Blame the rank at fault first: the failure my host's peers or another rank told of (my
+    // partners may only have waited for it, as I did - or for me), else my partners across the
+    // hosts. Then fail my host's Communicator with that text: my host's peers wait for my next
+    // step and would otherwise wait until the timeout.
+    if (told.empty()) told = local_->peer_failure();
+    if (told.empty()) told = failure_told_within(kTellingGrace);
     std::string partners;
+    int count = 0;
     for (int rank : layout_.ranks_with_local_rank(layout_.local_rank_of(rank_))) {
       if (rank == rank_) continue;
-      partners += (partners.empty() ? "rank " : ", rank ") + std::to_string(rank);
+      partners += (partners.empty() ? "" : ", ") + std::to_string(rank);
+      ++count;
     }
-    const PeerError failure(local_->rank(), "rank " + std::to_string(rank_) + ": the allreduce across hosts with " +
-                                                partners + " failed" +
-                                                (told.empty() ? "" : " after another rank failed (" + told + ")") + ": " +
-                                                error_text(error));
+    const std::string mine = "rank " + std::to_string(rank_) + "'s allreduce across hosts with rank" +
+                             (count == 1 ? " " : "s ") + partners + " failed";
+    const std::string cause = told.empty() ? (count == 1 ? "rank " : "ranks ") + partners + " did not complete it: " + mine
+                                           : told + "; then " + mine;
+    const PeerError failure(local_->rank(), cause + ": " + error_text(error));
     local_->fail(failure);
     throw failure;
+  }
+}
+
+// A failure another rank tells within `grace`: its own timeout may end a moment after mine.
+std::string Hierarchical::failure_told_within(std::chrono::milliseconds grace) const noexcept {
+  const auto until = std::chrono::steady_clock::now() + grace;
+  for (;;) {
+    std::string told = failure_told();
+    if (!told.empty() || std::chrono::steady_clock::now() >= until) return told;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
 

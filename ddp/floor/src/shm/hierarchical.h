@@ -26,8 +26,9 @@
 // ranks they were reducing with, and fail their own host's Communicator, so their host's peers stop
 // at once with that message instead of waiting for the timeout. The first rank to fail also
 // writes its error under the group's store ("failure"), which a rank waiting in Gloo looks at
-// every quarter second: a partner of a rank that stopped because of another rank's death names
-// that death, not only the partner that left.
+// every quarter second (and for a second more once Gloo failed): a partner of a rank that stopped
+// because of another rank's death or stop names that rank first, not only the partner that left.
+// Its host's peers, which wait for it meanwhile, wait for that verdict too (communicator.h).
 //
 // Thread-safety: one thread at a time (the channel's), collectives in the same order on every rank.
 #include <chrono>
@@ -107,6 +108,9 @@ class Hierarchical {
   std::string wait_watching(const c10::intrusive_ptr<c10d::Work>& work) const;
   void tell_other_hosts(const std::string& what) noexcept;
   std::string failure_told() const noexcept;
+  std::string failure_told_within(std::chrono::milliseconds grace) const noexcept;
+  // How long a rank whose step across the hosts failed looks for a failure another rank tells.
+  static constexpr std::chrono::milliseconds kTellingGrace{1000};
 
   HostLayout layout_;
   int rank_;
