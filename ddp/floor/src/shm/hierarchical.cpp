@@ -223,21 +223,24 @@ void Hierarchical::finish_part(const c10::intrusive_ptr<c10d::Work>& work) {
     // step and would otherwise wait until the timeout.
     if (told.empty()) told = local_->peer_failure();
     if (told.empty()) told = failure_told_within(kTellingGrace);
-    std::string partners;
-    int count = 0;
-    for (int rank : layout_.ranks_with_local_rank(layout_.local_rank_of(rank_))) {
-      if (rank == rank_) continue;
-      partners += (partners.empty() ? "" : ", ") + std::to_string(rank);
-      ++count;
-    }
-    const std::string mine = "rank " + std::to_string(rank_) + "'s allreduce across hosts with rank" +
-                             (count == 1 ? " " : "s ") + partners + " failed";
-    const std::string cause = told.empty() ? (count == 1 ? "rank " : "ranks ") + partners + " did not complete it: " + mine
-                                           : told + "; then " + mine;
+    const std::string mine = "rank " + std::to_string(rank_) + "'s allreduce across hosts";
+    const std::string cause = told.empty() ? partners() + " did not complete " + mine
+                                           : told + "; then " + mine + " with " + partners() + " failed";
     const PeerError failure(local_->rank(), cause + ": " + error_text(error));
     local_->fail(failure);
     throw failure;
   }
+}
+
+// "rank 3", "ranks 3, 5": the ranks of my local rank on the other hosts.
+std::string Hierarchical::partners() const {
+  std::vector<std::string> numbers;
+  for (int rank : layout_.ranks_with_local_rank(layout_.local_rank_of(rank_))) {
+    if (rank != rank_) numbers.push_back(std::to_string(rank));
+  }
+  std::string text = numbers.size() == 1 ? "rank " : "ranks ";
+  for (std::size_t i = 0; i < numbers.size(); ++i) text += (i == 0 ? "" : ", ") + numbers[i];
+  return text;
 }
 
 // A failure another rank tells within `grace`: its own timeout may end a moment after mine.

@@ -106,6 +106,7 @@ class Hierarchical {
   c10::intrusive_ptr<c10d::Work> start_part(const at::Tensor& part, Op op);
   void finish_part(const c10::intrusive_ptr<c10d::Work>& work);
   std::string wait_watching(const c10::intrusive_ptr<c10d::Work>& work) const;
+  std::string partners() const;
   void tell_other_hosts(const std::string& what) noexcept;
   std::string failure_told() const noexcept;
   std::string failure_told_within(std::chrono::milliseconds grace) const noexcept;
