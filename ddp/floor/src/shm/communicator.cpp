@@ -778,13 +778,10 @@ void Communicator::allreduce_shared(const SharedArray& array, std::size_t offset
       // Piece by piece: reduced, sent across the hosts, and copied once it is back, while the
       // next pieces are reduced and cross.
       std::deque<std::pair<std::size_t, std::size_t>> crossing;  // pieces started, oldest first
-      // While the other hosts hold me up, a peer waiting for me waits for my verdict (wait_all).
+      // While the other hosts hold me up, a peer waiting for me waits for my verdict (wait_all). A
+      // relay that throws leaves the flag up: run() publishes the failure at once.
       std::atomic<std::uint32_t>& away = peers_[rank_].control->away;
       away.store(1, std::memory_order_release);
-      struct Back {
-        std::atomic<std::uint32_t>& away;
-        ~Back() { away.store(0, std::memory_order_release); }
-      } back{away};
       const auto land_oldest = [&] {
         relay->finish();
         copy_to_peers(crossing.front().first, crossing.front().second);
@@ -799,6 +796,7 @@ void Communicator::allreduce_shared(const SharedArray& array, std::size_t offset
         crossing.emplace_back(first, n);
       }
       while (!crossing.empty()) land_oldest();
+      away.store(0, std::memory_order_release);
     }
     // 3. Post that my slice is everywhere; once every peer has, my part holds the whole result.
     post();
