@@ -276,11 +276,16 @@ void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& 
   if (group->getRank() != 0) return;
   std::vector<int64_t> state_per_rank;
   for (const auto& bytes : state_bytes) state_per_rank.push_back(bytes.item<int64_t>());
+  int64_t largest_parameter_bytes = 0;  // ZeRO's promise: a shard within 1/W plus one parameter's state
+  for (const auto& param : model->parameters()) {
+    largest_parameter_bytes = std::max<int64_t>(largest_parameter_bytes, static_cast<int64_t>(param.nbytes()));
+  }
   json out = {{"id", spec.id()}, {"baseline_rss_mib", baseline},
               {"steady_peak_delta_mib", steady_peak - baseline},
               {"setup_peak_delta_mib", std::max(setup_peak, steady_peak) - baseline},
               {"steady_pss_delta_mib", steady_pss - baseline_pss},
-              {"optimizer_state_bytes_per_rank", state_per_rank}};
+              {"optimizer_state_bytes_per_rank", state_per_rank},
+              {"largest_parameter_bytes", largest_parameter_bytes}};
   std::ofstream(fs::path(o.out) / memory_file(config, group->getSize(), spec)) << out.dump(1) << "\n";
 }
 

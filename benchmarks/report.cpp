@@ -1,5 +1,6 @@
 #include "report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -138,6 +139,9 @@ json analyse(const json& raw, const std::map<std::string, json>& memory) {
       if (mem->second.contains("optimizer_state_bytes_per_rank")) {
         row["optimizer_state_bytes_per_rank"] = mem->second["optimizer_state_bytes_per_rank"];
       }
+      if (mem->second.contains("largest_parameter_bytes")) {
+        row["largest_parameter_bytes"] = mem->second["largest_parameter_bytes"];
+      }
     }
     rows.push_back(row);
   }
@@ -240,14 +244,25 @@ void print_summary(const json& raw, const json& rows, const Options& o) {
 // Memory above local is what synchronization holds: buckets, plus gradients outside them.
 // Adam's state per rank, whole or sharded by ZeRO (issue 26): the memory pass measures it at every
 // world size.
+// Each rank's optimizer state; for ZeRO, beside the bound it promises: Adam's whole state (what
+// ours+adam holds on every rank) / W plus the state of the largest parameter (two moments).
 void print_optimizer_state(const json& rows, int world) {
+  const json* whole = find_row(rows, "ours+adam");
   for (const auto& row : rows) {
     if (!row.contains("optimizer_state_bytes_per_rank")) continue;
     const std::string name = row["variant"];
     if (name != "ours+adam" && name.rfind("ours+zero_adam", 0) != 0) continue;  // the SGD variants hold none
     std::printf("    %-22s optimizer state per rank at world %d (MiB):", name.c_str(), world);
+    double most = 0;
     for (const auto& bytes : row["optimizer_state_bytes_per_rank"]) {
       std::printf(" %.2f", bytes.get<double>() / (1 << 20));
+      most = std::max(most, bytes.get<double>());
+    }
+    if (name != "ours+adam" && whole != nullptr && whole->contains("optimizer_state_bytes_per_rank") &&
+        row.contains("largest_parameter_bytes")) {
+      const double bound = (*whole)["optimizer_state_bytes_per_rank"][0].get<double>() / world +
+                           2 * row["largest_parameter_bytes"].get<double>();
+      std::printf("  (bound 1/W + largest parameter: %.2f, %s)", bound / (1 << 20), most <= bound ? "within" : "EXCEEDED");
     }
     std::printf("\n");
   }

@@ -3,7 +3,7 @@
 // the plain optimizer on a replica of the same model, and ZeRO stepping after backward, bitwise
 // (the same averages; each parameter's update is elementwise); on Gloo alone and over shared memory,
 // at 2 and 3 ranks, also with shard_buckets; the warm-up iterations update nothing; bucket b
-// belongs to rank b % W (shard_buckets: PyTorch's split, by hand); bad input named.
+// belongs to rank b % W (shard_buckets: our even split, by hand); bad input named.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -35,12 +35,13 @@ struct OverlapCase {
   bool shard_buckets;
 };
 
-// Rank loads (numel) of shard_buckets with one bucket per parameter, by hand: buckets by increasing
-// size (5, 16, 32, 80, 320, 512), none split (one parameter each), each to the least loaded rank:
-//   2 ranks: 5 -> 0, 16 -> 1, 32 -> 0, 80 -> 1, 320 -> 0, 512 -> 1:   357 | 608
-//   3 ranks: 5, 16, 32 -> 0, 1, 2; 80 -> 0; 320 -> 1; 512 -> 2:         85 | 336 | 544
+// Rank loads (numel) of shard_buckets with one bucket per parameter, by hand. After the rebuild the
+// buckets come in the order 5, 80, 16, 512, 32, 320 (running totals 5, 85, 101, 613, 645, 965); the
+// cuts fall on the totals nearest to 965 * r / W:
+//   2 ranks: 482.5 -> 613:                613 | 352
+//   3 ranks: 321.7 -> 101, 643.3 -> 645:  101 | 544 | 320
 std::vector<int64_t> sharded_loads(int world) {
-  return world == 2 ? std::vector<int64_t>{357, 608} : std::vector<int64_t>{85, 336, 544};
+  return world == 2 ? std::vector<int64_t>{613, 352} : std::vector<int64_t>{101, 544, 320};
 }
 
 // Three replicas of one MLP: ZeRO overlapped with DDP (the hook steps), ZeRO stepping after
@@ -96,7 +97,7 @@ void expect_overlap_parity(const char* name, const Options& defaults, const Over
   expect_bitwise(net, stepped, what + ": overlap against ZeRO's step() through DDP");
   require(!torch::equal(net->fc1->weight, start->fc1->weight), what + ": fc1.weight never moved");
 
-  // The assignment: PyTorch's bucket b -> rank b % W, or shard_buckets' (hand-computed above). Each
+  // The assignment: PyTorch's bucket b -> rank b % W, or shard_buckets' (by hand, above). Each
   // rank holds state for its own parameters only.
   const auto buckets = model.reduction_stats().buckets;
   const auto named = net->named_parameters();
@@ -110,7 +111,13 @@ void expect_overlap_parity(const char* name, const Options& defaults, const Over
               what + ": " + param_name + " of bucket " + std::to_string(b) + " belongs to rank " + std::to_string(owner));
     }
   }
-  if (c.shard_buckets) require(loads == sharded_loads(world), what + ": loads differ from the hand-computed ones");
+  if (c.shard_buckets) {
+    std::string got, order;
+    for (int64_t load : loads) got += " " + std::to_string(load);
+    for (const auto& bucket : buckets) order += " " + std::to_string(named[bucket.at(0)].numel());
+    require(loads == sharded_loads(world),
+            what + ": loads" + got + " differ from the hand-computed ones (buckets' sizes in order:" + order + ")");
+  }
   if (std::is_same_v<Optim, torch::optim::Adam>) {
     const int64_t owned = loads[static_cast<size_t>(rank)];
     require(ddp::optimizer_state_bytes(zero) == 2 * owned * static_cast<int64_t>(sizeof(float)),
@@ -202,24 +209,23 @@ std::string loads_text(const std::vector<int64_t>& loads) {
   return text;
 }
 
-// Two parameters: the cut comes before the parameter that would reach total / W (64 at 2 ranks,
-// 42.7 at 3), so each is a piece of its own, whatever their order in the bucket: ranks 0 and 1 own
-// one each, rank 2 none. Four: every one is a piece of its own (at 2 ranks, any two reach 128), so
-// the bucket has more pieces than ranks. PyTorch asserts; here the extra pieces go to the least
-// loaded rank: 128 elements each at 2 ranks, 128 / 64 / 64 at 3 (ties: the lower rank).
+// The bucket's parameters are cut where the running total (64, 128, ...) comes nearest to
+// total * r / W. Two parameters: at 2 ranks the cut is at 64, one each; at 3 both marks (42.7,
+// 85.3) are nearest to 64, so ranks 0 and 2 own one each and rank 1 none. Four: at 2 ranks the cut
+// is at 128; at 3 the marks 85.3 and 170.7 are nearest to 64 and 192: 64 / 128 / 64.
 DDP_WORKER(zero_overlap_split) {
   worker_init(std::chrono::seconds(30));
   const bool two = ddp::get_world_size() == 2;
   const std::vector<std::pair<int, std::vector<int64_t>>> cases{
-      {2, two ? std::vector<int64_t>{64, 64} : std::vector<int64_t>{64, 64, 0}},
-      {4, two ? std::vector<int64_t>{128, 128} : std::vector<int64_t>{128, 64, 64}}};
+      {2, two ? std::vector<int64_t>{64, 64} : std::vector<int64_t>{64, 0, 64}},
+      {4, two ? std::vector<int64_t>{128, 128} : std::vector<int64_t>{64, 128, 64}}};
   for (const auto& [n, expected] : cases) {
     const auto loads = train_with_shard_buckets(n);
     require(loads == expected, std::to_string(n) + " parameters: elements owned per rank " + loads_text(loads) +
                                    ", expected " + loads_text(expected));
   }
 }
-TEST(ZeroOverlap, ShardBucketsCutsABucketAndGivesPiecesBeyondTheWorldToTheLeastLoadedRank) {
+TEST(ZeroOverlap, ShardBucketsCutsTheBucketsNearestToAnEvenSplit) {
   EXPECT_WORKERS_OK(run_workers("zero_overlap_split", 2));
   EXPECT_WORKERS_OK(run_workers("zero_overlap_split", 3));
 }

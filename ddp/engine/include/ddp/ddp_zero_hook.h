@@ -35,9 +35,10 @@
 //
 // Balance: by default a bucket is owned whole, so a rank's shard is the sum of its buckets and
 // depends on the bucket caps: a model smaller than bucket_cap_mb is one bucket (plus the small first
-// one), and then rank 0 holds nearly all the optimizer state. shard_buckets=true is PyTorch's remedy:
-// buckets by increasing size are cut into pieces below total/W, each piece to the least loaded rank
-// that has no piece of that bucket yet (a piece is broadcast on its own). It needs every bucket's
+// one), and then rank 0 holds nearly all the optimizer state. shard_buckets=true is PyTorch's remedy,
+// with a rule of ours that keeps its promise on every layout: the buckets' parameters, in bucket
+// order, are cut into one contiguous run per rank, each within total/W plus one parameter (a run
+// crossing a bucket's end is a piece per bucket, each broadcast on its own). It needs every bucket's
 // size first, so the first pass after the rebuild only records them and updates nothing either: two
 // warm-up iterations then, as in PyTorch (without static_graph).
 //
@@ -78,8 +79,8 @@ CommHook zero_step_hook(CommHook hook, const DDPCore& ddp, ZeroRedundancyOptimiz
 namespace hooks {
 
 // PyTorch's hook_with_zero_step: `hook` averages each bucket; the owners step their buckets once
-// the last bucket is averaged (communication-bound models). `shard_buckets` (PyTorch's): split
-// buckets between ranks for balance (above). Throws std::invalid_argument (above).
+// the last bucket is averaged (communication-bound models). `shard_buckets`: split buckets between
+// ranks for balance (above). Throws std::invalid_argument (above).
 template <typename ModuleType>
 CommHook hook_with_zero_step(CommHook hook, DistributedDataParallel<ModuleType>& ddp, ZeroRedundancyOptimizerBase& zero,
                              bool shard_buckets = false) {

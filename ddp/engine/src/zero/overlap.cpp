@@ -13,6 +13,7 @@
 #include <ddp/zero_redundancy_optimizer.h>
 
 #include "error_text.h"
+#include "zero/partition.h"
 #include "zero/who.h"
 
 namespace ddp::detail {
@@ -114,52 +115,18 @@ bool ZeroOverlap::assign(const GradBucket& bucket) {
   return false;
 }
 
-// PyTorch's shard_buckets assignment: buckets by increasing size (stable); each is cut into pieces
-// that stay below total / W (a piece ends before the parameter that would reach it, and holds at
-// least one), each piece to the least loaded rank not yet holding a piece of that bucket. A bucket
-// cut into more pieces than there are ranks (PyTorch asserts) gives its extra pieces to the least
-// loaded rank of all: a rank may own two pieces of one bucket, each broadcast on its own.
+// shard_buckets (zero/partition.h): the buckets' parameters in contiguous runs, one per rank, each
+// within total / W plus one parameter whatever the layout. (PyTorch's own rule cuts each bucket
+// below total / W and could leave a rank almost nothing: 0.28 against 9.10 MiB of Adam's state on
+// resnet_b32 at 2 ranks.)
 void ZeroOverlap::shard_recorded_buckets() {
-  ZeroRedundancyOptimizerBase& z = zero();
-  const auto world = static_cast<size_t>(z.world_size_);
-  std::vector<int64_t> sizes(buckets_.size(), 0);
-  int64_t total = 0;
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    for (const auto& param : buckets_[b].params) sizes[b] += param.numel();
-    total += sizes[b];
+  std::vector<std::vector<int64_t>> numels;
+  for (const Bucket& bucket : buckets_) {
+    numels.emplace_back();
+    for (const auto& param : bucket.params) numels.back().push_back(param.numel());
   }
-  const double threshold = static_cast<double>(total) / static_cast<double>(world);
-  std::vector<size_t> order(buckets_.size());
-  for (size_t b = 0; b < order.size(); ++b) order[b] = b;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] < sizes[b]; });
-  std::vector<int64_t> load(world, 0);
-  for (size_t b : order) {
-    std::vector<char> taken(world, 0);
-    auto least_loaded = [&] {
-      const bool all_taken = std::find(taken.begin(), taken.end(), 0) == taken.end();
-      size_t best = world;
-      for (size_t r = 0; r < world; ++r) {
-        if ((all_taken || !taken[r]) && (best == world || load[r] < load[best])) best = r;
-      }
-      taken[best] = 1;
-      return best;
-    };
-    const auto& params = buckets_[b].params;
-    size_t first = 0;
-    int64_t piece = 0;
-    for (size_t k = 0; k < params.size(); ++k) {
-      if (static_cast<double>(piece + params[k].numel()) >= threshold && k > first) {
-        const size_t rank = least_loaded();
-        give(b, static_cast<int>(rank), first, k);
-        load[rank] += piece;
-        first = k;
-        piece = 0;
-      }
-      piece += params[k].numel();
-    }
-    const size_t rank = least_loaded();
-    give(b, static_cast<int>(rank), first, params.size());
-    load[rank] += piece;
+  for (const BucketPiece& piece : shard_buckets(numels, zero().world_size_)) {
+    give(piece.bucket, piece.rank, piece.first, piece.end);
   }
 }
 

@@ -1,9 +1,10 @@
 // Sorted greedy: the largest parameters first, each to the least loaded rank. Partitioning group
 // after group (with the load counted across groups) keeps every earlier group's owners when a
-// group is added: add_param_group moves no state.
+// group is added: add_param_group moves no state. Then the overlap's cut of DDP's buckets.
 #include "zero/partition.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
 
 namespace ddp::detail {
@@ -26,6 +27,39 @@ std::vector<std::vector<int>> partition_parameters(const std::vector<std::vector
     owner.push_back(std::move(owners));
   }
   return owner;
+}
+
+std::vector<BucketPiece> shard_buckets(const std::vector<std::vector<int64_t>>& numels, int world_size) {
+  // 1. The running total at every boundary between parameters (the sequence's start and end too).
+  std::vector<int64_t> boundary{0};
+  for (const auto& bucket : numels) {
+    for (int64_t numel : bucket) boundary.push_back(boundary.back() + numel);
+  }
+  const int64_t total = boundary.back();
+  // 2. Cut r: the boundary nearest to total * r / W (in W-ths: no rounding), the earlier on a tie.
+  std::vector<size_t> cut{0};
+  for (int r = 1; r < world_size; ++r) {
+    const int64_t mark = total * r;  // total * r / W, times W
+    size_t best = cut.back();
+    for (size_t i = best; i < boundary.size(); ++i) {
+      if (std::llabs(boundary[i] * world_size - mark) < std::llabs(boundary[best] * world_size - mark)) best = i;
+    }
+    cut.push_back(best);
+  }
+  cut.push_back(boundary.size() - 1);
+  // 3. Rank r's run [cut r, cut r+1), one piece per bucket it touches.
+  std::vector<BucketPiece> pieces;
+  size_t start = 0;  // the sequence index of the bucket's first parameter
+  for (size_t b = 0; b < numels.size(); ++b) {
+    const size_t end = start + numels[b].size();
+    for (int r = 0; r < world_size; ++r) {
+      const size_t from = std::max(start, cut[static_cast<size_t>(r)]);
+      const size_t to = std::min(end, cut[static_cast<size_t>(r) + 1]);
+      if (from < to) pieces.push_back({b, from - start, to - start, r});
+    }
+    start = end;
+  }
+  return pieces;
 }
 
 }  // namespace ddp::detail
