@@ -28,6 +28,7 @@
 #   DDP_GPU_BUILD    the build directory (default build-gpu)
 #   DDP_BUILD_JOBS   build jobs (default: nproc)
 #   EPOCH_SAMPLES    training samples per main-job run (default 60000, the whole set)
+#   DDP_COMMIT       the commit to name in the report where the copy has no .git
 # Exit status: 0 when every test and run passed or skipped for its stated reason, else 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -74,7 +75,8 @@ print(f"has_gpu={int(cuda)}")
 EOF
 )
 has_gpu=$(sed -n 's/^has_gpu=//p' <<<"$machine")
-say "torchddp GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ), $(git -C "$repo" log -1 --format='commit %h' 2>/dev/null || echo 'no git')"
+commit=${DDP_COMMIT:-$(git -C "$repo" log -1 --format=%h 2>/dev/null || echo 'unknown (no .git here: pass DDP_COMMIT)')}
+say "torchddp GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit"
 say "$(grep -v '^has_gpu=' <<<"$machine")"
 say "driver: $( (nvidia-smi --query-gpu=driver_version,memory.total --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi') | head -1)"
 say "machine: $(nproc) cores, $(uname -r), cmake $(cmake --version | head -1 | awk '{print $3}'), $(c++ --version | head -1)"
@@ -148,6 +150,7 @@ run_gtest() {  # run_gtest <label> <binary> <filter> <regex of GPU tests> <timeo
   fi
 }
 run_gtest gpu_tests "$build/tests/gpu/gpu_tests" '*' '^(Cuda|Nccl)\.' 600
+grep -m1 -o 'built against NCCL .*' "$log" | sed 's/^/  /' >>"$report" || true  # Nccl.Reports...'s own line
 run_gtest launch_tests "$build/tests/launch/launch_tests" 'Launch.GpuCount*:LaunchBadInput.GpuCount*' '^Launch\.Gpu' 300
 
 # --- 4. the main job and the model-parallel example ----------------------------------------------
@@ -162,7 +165,7 @@ main_job() {  # main_job <label> <world> <flags...>: one epoch; prints its sampl
              "$train" --epochs 1 --limit-train "$samples" --data-dir "$data" --threads 1 "$@" 2>&1) || status=$?
   printf '%s\n' "--- main job, $label" "$output" >>"$log"
   local epoch
-  epoch=$(grep -E '^epoch 1/1: ' <<<"$output" | tail -n 1 || true)
+  epoch=$(grep -E '(^|\] )epoch 1/1: ' <<<"$output" | tail -n 1 || true)  # ddprun prefixes "[rank 0] "
   if [[ $status -ne 0 || -z $epoch ]]; then
     fail "main job, $label: exit $status ($(grep -v '^\s*$' <<<"$output" | tail -n 1))"
     return

@@ -28,6 +28,8 @@
 #   CUDA_HOME        the CUDA toolkit to mount (default /usr/local/cuda)
 #   MIRROR           Debian mirror (default: as scripts/libtorch2_chroot.sh)
 #   REHEARSE_COMMIT  rehearse this commit (e.g. HEAD: git archive) instead of the working tree
+#   KEEP_BUILD=1     keep the last rehearsal's build (a developer's rerun); by default it starts afresh
+#   PREPARE_ONLY=1   stop once the chroot is made (CI makes it in the background)
 #   DDP_BUILD_JOBS, EPOCH_SAMPLES   passed to gpu_check.sh (defaults: nproc; 10000 here, to keep
 #                                   CI's time: the CPU run of the main job is not what is rehearsed)
 set -euo pipefail
@@ -49,18 +51,42 @@ fi
 [[ -x $cuda/bin/nvcc ]] || { log "no CUDA toolkit at ${CUDA_HOME:-/usr/local/cuda} (the GPU machine has one; set CUDA_HOME)"; exit 2; }
 
 # --- 1. what travels: the torch venv and the bundle, made here if missing -------------------------
-[[ -f $venv/.torchddp-installed ]] || PREPARE_ONLY=1 DDP_WHEEL_VENV=$venv bash scripts/libtorch_wheel.sh
-[[ -f .gpu-bundle/MANIFEST ]] || bash scripts/gpu_bundle.sh
-py_version=$(sed -n 's/^version *= *\([0-9]*\.[0-9]*\).*/\1/p' "$venv/pyvenv.cfg")
+prepare_only=${PREPARE_ONLY:-0}
+if [[ $prepare_only != 1 ]]; then
+  [[ -f $venv/.torchddp-installed ]] || PREPARE_ONLY=1 DDP_WHEEL_VENV=$venv bash scripts/libtorch_wheel.sh
+  [[ -f .gpu-bundle/MANIFEST ]] || bash scripts/gpu_bundle.sh
+fi
+# The venv's python, or (the venv still being made, PREPARE_ONLY) the one that makes it.
+if [[ -f $venv/pyvenv.cfg ]]; then
+  py_version=$(sed -n 's/^version *= *\([0-9]*\.[0-9]*\).*/\1/p' "$venv/pyvenv.cfg")
+else
+  py_version=$("${PYTHON:-python3}" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+fi
 case $py_version in
   3.11) SUITE=bookworm ;;
   3.13) SUITE=trixie ;;
   *) log "the venv's python is $py_version: no Debian suite here has that python3 (3.11: bookworm, 3.13: trixie)"; exit 2 ;;
 esac
 site=$venv/lib/python$py_version/site-packages
-[[ -d $site/torch ]] || { log "no torch in $site"; exit 2; }
 
 # --- 2. the chroot: python3, g++, cmake, ninja, nothing else of ours -------------------------------
+mounted=()
+mount_once() {  # mount_once <target> <mount args...>: private, so nothing mounted under it reaches the host
+  local target=$1; shift
+  [[ -e $target ]] || mkdir -p "$target"
+  if ! mountpoint -q "$target"; then
+    mount "$@" "$target"
+    mounted=("$target" "${mounted[@]}")
+    mount --make-private "$target"
+  fi
+}
+unmount_all() {  # ours, then whatever is left under the chroot (an interrupted run's), deepest first
+  for m in "${mounted[@]}"; do umount "$m" 2>/dev/null || umount -l "$m" || true; done
+  mounted=()
+  awk -v root="$CHROOT/" 'index($2, root) == 1 {print $2}' /proc/mounts | sort -r |
+    while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" || true; done
+}
+trap unmount_all EXIT
 if [[ -z ${MIRROR:-} ]]; then
   MIRROR=$(grep -hsoE '^(URIs:|deb)[[:space:]]+[^[:space:]]*https?://[^[:space:]]+/debian/?([[:space:]]|$)' \
              /etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null |
@@ -72,11 +98,17 @@ stamp=$CHROOT/.torchddp-rehearsal
 if [[ ! -f $stamp ]] || [[ $(cat "$stamp") != "$SUITE $include" ]]; then
   command -v debootstrap >/dev/null || bash scripts/setup.sh debootstrap
   log "debootstrap $SUITE ($include) from $MIRROR into $CHROOT"
+  unmount_all  # never rm -rf through a mount of the host's /dev or of the venv
+  if awk -v root="$CHROOT/" 'index($2, root) == 1 {found = 1} END {exit !found}' /proc/mounts; then
+    log "mounts remain under $CHROOT: not removing it"; exit 1
+  fi
   rm -rf "$CHROOT"
   timeout 1200 debootstrap --variant=minbase --include="$include" "$SUITE" "$CHROOT" "$MIRROR" >/dev/null
   chroot "$CHROOT" /usr/bin/python3 -m venv --without-pip /opt/torch-venv
   echo "$SUITE $include" >"$stamp"
 fi
+[[ $prepare_only == 1 ]] && { log "chroot ready at $CHROOT"; exit 0; }
+[[ -d $site/torch ]] || { log "no torch in $site"; exit 2; }
 ours="libtorch-dev libgloo-dev libfmt-dev libgtest-dev googletest libcli11-dev nlohmann-json3-dev libssl-dev
       zlib1g-dev dataset-fashion-mnist python3-torch ccache"
 # shellcheck disable=SC2086
@@ -88,21 +120,6 @@ dev_packages=$(chroot "$CHROOT" dpkg-query -W -f='${Package} ${Status}\n' '*-dev
 log "chroot $CHROOT ($SUITE): $(chroot "$CHROOT" dpkg-query -W -f='.\n' | wc -l) packages; -dev ones (the compiler's): $dev_packages"
 
 # --- 3. mounts, the package manager refused, the tree copied -------------------------------------
-mounted=()
-mount_once() {  # mount_once <target> <mount args...>
-  local target=$1; shift
-  [[ -e $target ]] || mkdir -p "$target"
-  if ! mountpoint -q "$target"; then
-    mount "$@" "$target"
-    mounted=("$target" "${mounted[@]}")
-  fi
-}
-cleanup() {
-  for m in "${mounted[@]}"; do umount "$m" 2>/dev/null || umount -l "$m" || true; done
-  awk -v root="$CHROOT/" 'index($2, root) == 1 {print $2}' /proc/mounts | sort -r |
-    while read -r m; do umount "$m" 2>/dev/null || umount -l "$m" || true; done
-}
-trap cleanup EXIT
 mount_once "$CHROOT/proc" -t proc proc
 mount_once "$CHROOT/sys" -t sysfs sys
 mount_once "$CHROOT/dev" --bind /dev
@@ -119,6 +136,7 @@ for tool in /usr/bin/apt-get /usr/bin/apt /usr/bin/dpkg; do
 done
 
 tree=$CHROOT/root/torchddp
+commit=$(git rev-parse --short "${REHEARSE_COMMIT:-HEAD}")$([[ -z ${REHEARSE_COMMIT:-} && -n $(git status --porcelain) ]] && echo '+work in progress')
 rm -rf "$tree" && mkdir -p "$tree"
 if [[ ${REHEARSE_COMMIT:-} ]]; then
   git archive "$REHEARSE_COMMIT" | tar -x -C "$tree"  # a commit alone, without the work in progress beside it
@@ -134,10 +152,11 @@ log "what travels: $((tree_kib / 1024)) MiB (limit 64 MiB), of which the bundle 
 # --- 4. the check, as on the GPU machine -----------------------------------------------------------
 in_chroot() {
   chroot "$CHROOT" /usr/bin/env -i HOME=/root PATH=/opt/torch-venv/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
-    OUT=/root/out DDP_BUILD_JOBS="${DDP_BUILD_JOBS:-$(nproc)}" EPOCH_SAMPLES="${EPOCH_SAMPLES:-10000}" bash -c "$1"
+    OUT=/root/out DDP_GPU_BUILD=/root/build-gpu DDP_COMMIT="$commit" DDP_BUILD_JOBS="${DDP_BUILD_JOBS:-$(nproc)}" EPOCH_SAMPLES="${EPOCH_SAMPLES:-10000}" bash -c "$1"
 }
 in_chroot "apt-get --version" >/dev/null 2>&1 && { log "apt-get still works in the chroot"; exit 1; }
 rm -rf "$CHROOT/root/out"
+[[ ${KEEP_BUILD:-0} == 1 ]] || rm -rf "$CHROOT/root/build-gpu"
 log "set-up took $((SECONDS - start)) s; running scripts/gpu_check.sh in the chroot"
 check_start=$SECONDS
 rc=0
