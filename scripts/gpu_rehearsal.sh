@@ -136,7 +136,8 @@ for tool in /usr/bin/apt-get /usr/bin/apt /usr/bin/dpkg; do
 done
 
 tree=$CHROOT/root/torchddp
-commit=$(git rev-parse --short "${REHEARSE_COMMIT:-HEAD}")$([[ -z ${REHEARSE_COMMIT:-} && -n $(git status --porcelain) ]] && echo '+work in progress')
+commit=$(git rev-parse --short "${REHEARSE_COMMIT:-HEAD}")
+[[ -n ${REHEARSE_COMMIT:-} || -z $(git status --porcelain) ]] || commit+=" with work in progress"
 rm -rf "$tree" && mkdir -p "$tree"
 if [[ ${REHEARSE_COMMIT:-} ]]; then
   git archive "$REHEARSE_COMMIT" | tar -x -C "$tree"  # a commit alone, without the work in progress beside it
