@@ -9,11 +9,11 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include <ddp/wait_collective.h>
 #include <ddp/zero_redundancy_optimizer.h>
 
 #include "error_text.h"
 #include "zero/partition.h"
+#include "zero/shard_tensors.h"
 #include "zero/who.h"
 
 namespace ddp::detail {
@@ -141,17 +141,7 @@ void ZeroOverlap::give(size_t b, int rank, size_t first, size_t end) {
   piece.first = first;
   piece.params.assign(bucket.params.begin() + static_cast<std::ptrdiff_t>(first),
                       bucket.params.begin() + static_cast<std::ptrdiff_t>(end));
-  at::NoGradGuard no_grad;
-  int64_t numel = 0;
-  for (const auto& param : piece.params) numel += param.numel();
-  piece.flat = at::empty({numel}, piece.params.front().options().requires_grad(false));
-  int64_t offset = 0;
-  for (auto& param : piece.params) {
-    at::Tensor view = piece.flat.narrow(0, offset, param.numel()).view(param.sizes());
-    view.copy_(param.detach());
-    param.set_data(view);
-    offset += param.numel();
-  }
+  piece.flat = flatten_as_views(piece.params);
   auto& owned = z.params_per_rank_[static_cast<size_t>(rank)];
   owned.insert(owned.end(), piece.params.begin(), piece.params.end());
   auto& group = z.params_per_group_per_rank_[static_cast<size_t>(rank)][0];
@@ -193,27 +183,18 @@ void ZeroOverlap::step(size_t b, const at::Tensor& average) {
 void ZeroOverlap::broadcast(size_t b) {
   ZeroRedundancyOptimizerBase& z = zero();
   for (const Piece& piece : buckets_.at(b).pieces) {
-    std::vector<at::Tensor> tensors{piece.flat};
-    c10d::BroadcastOptions options;
-    options.rootRank = piece.rank;
-    broadcasts_.push_back({b, piece.rank, z.group_->broadcast(tensors, options)});
+    broadcasts_.launch(z.group_, piece.flat, piece.rank, [b, root = piece.rank, step = z.steps_ + 1] {
+      return std::string(kZeroWho) + ": broadcast of DDP bucket " + std::to_string(b) + "'s parameters from rank " +
+             std::to_string(root) + " (overlap_with_ddp, step " + std::to_string(step) + ")";
+    });
   }
 }
 
 // Every broadcast of the pass, waited on (a dead or stuck peer is an error naming the bucket).
 void ZeroOverlap::finish_pass() {
-  ZeroRedundancyOptimizerBase& z = zero();
-  std::vector<Launched> launched = std::move(broadcasts_);
-  broadcasts_.clear();
-  for (const auto& item : launched) {
-    wait_collective(item.work, [&] {
-      return std::string(kZeroWho) + ": broadcast of DDP bucket " + std::to_string(item.bucket) +
-             "'s parameters from rank " + std::to_string(item.root) + " (overlap_with_ddp, step " +
-             std::to_string(z.steps_ + 1) + ")";
-    });
-  }
+  broadcasts_.wait_all();
   status_ = Status::kInitialized;
-  ++z.steps_;
+  ++zero().steps_;
 }
 
 }  // namespace ddp::detail

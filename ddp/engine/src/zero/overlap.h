@@ -22,6 +22,8 @@
 
 #include <ddp/comm_hooks.h>
 
+#include "zero/shard_tensors.h"
+
 namespace ddp {
 class ZeroRedundancyOptimizerBase;
 }
@@ -86,12 +88,7 @@ class ZeroOverlap {
   bool shard_buckets_ = false;
   Status status_ = Status::kUninitialized;
   std::vector<Bucket> buckets_;
-  struct Launched {
-    size_t bucket;
-    int root;
-    c10::intrusive_ptr<c10d::Work> work;
-  };
-  std::vector<Launched> broadcasts_;  // this pass's, in launch order
+  BroadcastBatch broadcasts_;  // this pass's, in launch order
 };
 
 }  // namespace ddp::detail

@@ -12,7 +12,6 @@
 #include <c10/core/ScalarType.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include <ddp/wait_collective.h>
 
 #include "debug_level.h"
 #include "desync.h"
@@ -20,6 +19,7 @@
 #include "optimizer_state.h"
 #include "zero/overlap.h"
 #include "zero/partition.h"
+#include "zero/shard_tensors.h"
 #include "zero/who.h"
 
 namespace ddp {
@@ -83,12 +83,6 @@ std::vector<torch::optim::OptimizerParamGroup> checked(std::vector<torch::optim:
 }
 
 ProcessGroupPtr resolve(const ProcessGroupPtr& group) { return group ? group : default_group(); }
-
-c10d::BroadcastOptions from(int root) {
-  c10d::BroadcastOptions options;
-  options.rootRank = root;
-  return options;
-}
 
 }  // namespace
 
@@ -196,15 +190,7 @@ void ZeroRedundancyOptimizerBase::build_buckets() {
         numel += param.numel();
       }
       if (members.empty()) continue;  // the same on every rank: nothing to broadcast
-      at::Tensor flat = at::empty({numel}, members.front().options().requires_grad(false));
-      int64_t offset = 0;
-      for (auto& param : members) {
-        at::Tensor view = flat.narrow(0, offset, param.numel()).view(param.sizes());
-        view.copy_(param.detach());
-        param.set_data(view);
-        offset += param.numel();
-      }
-      buckets->buckets.push_back({r, std::move(flat)});
+      buckets->buckets.push_back({r, detail::flatten_as_views(members)});
     }
   }
   buckets_ = std::move(buckets);
@@ -248,48 +234,32 @@ at::Tensor ZeroRedundancyOptimizerBase::step_shard(const LossClosure& closure) {
 // waited on, each through wait_collective (a dead or stuck peer is an error naming it).
 void ZeroRedundancyOptimizerBase::broadcast_shards() {
   at::NoGradGuard no_grad;
-  struct Launched {
-    int root;
-    at::Tensor tensor;
-    at::Tensor param;  // set when `tensor` is a contiguous copy of it
-    c10::intrusive_ptr<c10d::Work> work;
-  };
-  std::vector<Launched> launched;
+  std::vector<std::pair<int, at::Tensor>> shards;  // (owner, tensor), in an order every rank shares
   if (buckets_) {
-    for (const auto& bucket : buckets_->buckets) launched.push_back({bucket.root, bucket.flat, {}, {}});
+    for (const auto& bucket : buckets_->buckets) shards.emplace_back(bucket.root, bucket.flat);
   } else {
     for (int r = 0; r < world_size_; ++r) {
-      for (const auto& param : params_per_rank_[static_cast<size_t>(r)]) {
-        at::Tensor data = param.detach();
-        if (data.is_contiguous()) {
-          launched.push_back({r, data, {}, {}});
-        } else {
-          launched.push_back({r, data.contiguous(), data, {}});
-        }
-      }
+      for (const auto& param : params_per_rank_[static_cast<size_t>(r)]) shards.emplace_back(r, param.detach());
     }
   }
-  if (launched.empty()) return;  // every parameter frozen: the same on every rank
+  if (shards.empty()) return;  // every parameter frozen: the same on every rank
   if (detail::debug_level() == detail::DebugLevel::kDetail) {
     int64_t numel = 0;
-    for (const auto& item : launched) numel += item.tensor.numel();
+    for (const auto& shard : shards) numel += shard.second.numel();
     detail::verify_same_collective(group_,
-                                   {detail::CollectiveOp::kBroadcast, steps_, launched.front().tensor.scalar_type(),
+                                   {detail::CollectiveOp::kBroadcast, steps_, shards.front().second.scalar_type(),
                                     numel, -1, steps_, -1},
                                    "ZeroRedundancyOptimizer: the broadcast of every shard");
   }
-  for (auto& item : launched) {
-    std::vector<at::Tensor> tensors{item.tensor};
-    item.work = group_->broadcast(tensors, from(item.root));
-  }
-  for (size_t i = 0; i < launched.size(); ++i) {
-    auto& item = launched[i];
-    wait_collective(item.work, [&] {
-      return std::string(kZeroWho) + ": broadcast " + std::to_string(i + 1) + " of " + std::to_string(launched.size()) +
-             " of step " + std::to_string(steps_ + 1) + " (rank " + std::to_string(item.root) + "'s shard)";
+  detail::BroadcastBatch batch;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const int root = shards[i].first;
+    batch.launch(group_, shards[i].second, root, [i, root, count = shards.size(), step = steps_ + 1] {
+      return std::string(kZeroWho) + ": broadcast " + std::to_string(i + 1) + " of " + std::to_string(count) +
+             " of step " + std::to_string(step) + " (rank " + std::to_string(root) + "'s shard)";
     });
-    if (item.param.defined()) item.param.copy_(item.tensor);
   }
+  batch.wait_all();
 }
 
 at::Tensor ZeroRedundancyOptimizerBase::step(LossClosure closure) {
