@@ -1266,20 +1266,36 @@ class HeldUpRelay final : public shm::Relay {
   void finish() override {
     if (hold_.count() == 0) return;
     std::this_thread::sleep_for(hold_);
-    throw shm::PeerError(1, "rank 9 (pid 99, stopped) did not arrive within 400 ms; rank 8 was in allreduce_shared #1");
+    throw shm::PeerError(1, "rank 9 (pid 99, stopped) did not arrive within 600 ms; rank 8 was in allreduce_shared #1");
   }
 
  private:
   std::chrono::milliseconds hold_;
 };
 
+// Whether `pid` is stopped, by /proc.
+bool is_stopped(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const auto paren = text.rfind(')');
+  return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] == 'T';
+}
+
 TEST(ShmCommunicator, ErrorsBlameTheRankAtFaultNotOneThatWaited) {
   constexpr int kWorld = 3;
-  constexpr auto kTimeout = 400ms;
+  constexpr auto kTimeout = 600ms;
   Scratch scratch;
-  RunOptions run;
-  run.meanwhile = [&](const std::vector<pid_t>& pids) {  // thaw and end rank 2 once the others reported (bounded)
+  const std::string stopped = scratch.folder + "/rank-2-stopped";
+  const auto await_file = [](const std::string& path) {  // bounded
     const auto deadline = Clock::now() + 60s;
+    while (!file_exists(path) && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  };
+  RunOptions run;
+  run.meanwhile = [&](const std::vector<pid_t>& pids) {
+    // Say when rank 2 has stopped itself; thaw and end it once the others reported (bounded).
+    const auto deadline = Clock::now() + 60s;
+    while (!is_stopped(pids[2]) && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    write_file(stopped, "");
     for (int rank : {0, 1}) {
       while (!file_exists(scratch.folder + "/report-" + std::to_string(rank)) && Clock::now() < deadline) std::this_thread::sleep_for(1ms);
     }
@@ -1294,7 +1310,7 @@ TEST(ShmCommunicator, ErrorsBlameTheRankAtFaultNotOneThatWaited) {
     {
       shm::Communicator comm(rendezvous, scratch.prefix, rank, kWorld, options);
       const auto array = comm.share(std::size_t{1} << 16);
-      HeldUpRelay relay(rank == 1 ? kTimeout + 200ms : 0ms);  // past the timeout, as a relay bounded by its own
+      HeldUpRelay relay(rank == 1 ? kTimeout + 100ms : 0ms);  // past the timeout, as a relay bounded by its own
       try {
         comm.allreduce_shared(*array, 0, 1 << 14, shm::DType::kFloat32, shm::Op::kSum, 1.0, &relay);
         report += "the held-up relay's allreduce_shared did not throw; ";
@@ -1306,7 +1322,8 @@ TEST(ShmCommunicator, ErrorsBlameTheRankAtFaultNotOneThatWaited) {
     }
     shm::Communicator comm(rendezvous, scratch.prefix + "-2", rank, kWorld, options);
     if (rank == 2) ::raise(SIGSTOP);
-    if (rank == 1) std::this_thread::sleep_for(kTimeout + 300ms);
+    await_file(stopped);
+    if (rank == 1) std::this_thread::sleep_for(2 * kTimeout);  // late, but running
     std::vector<float> data(64, 1.0f);
     try {
       comm.allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kSum);
