@@ -228,7 +228,7 @@ double proc_status_mib(const std::string& field) {
 }
 
 // This process's proportional set size in MiB (/proc/self/smaps_rollup): each page counted once
-// per process that maps it, divided among them. Shared memory (DDP's buckets, issue 24) is mapped
+// per process that maps it, divided among them. Shared memory (DDP's buckets) is mapped
 // by every rank and touched across ranks, so RSS counts the pages a rank reads and writes in its
 // peers' memory as its own too; PSS sums over the ranks to what the machine really holds.
 double proportional_set_mib() {
@@ -428,8 +428,8 @@ std::vector<VariantSpec> memory_variants(const Options& o) {
   return specs;
 }
 
-// The worlds a memory variant runs at: ZeRO's shard shrinks with the world size (issue 26 asks for
-// W = 1, 2, 3), so the Adam variants run at each; the others at the largest.
+// The worlds a memory variant runs at: ZeRO's shard shrinks with the world size, so the Adam
+// variants run at each; the others at the largest.
 std::vector<int> memory_worlds(const Options& o, const VariantSpec& spec) {
   if (holds_adam_state(spec)) return o.worlds;
   return {*std::max_element(o.worlds.begin(), o.worlds.end())};

@@ -102,7 +102,7 @@ json analyse(const json& raw, const std::map<std::string, json>& memory) {
       const auto ours = by_id.find(ours_id.str());
       if (ours != by_id.end()) row["ratio_vs_ours"] = ratio(v, ours->second);
     }
-    // ZeRO's cost per step (issue 26): against plain Adam through DDP at the same cap.
+    // ZeRO's cost per step: against plain Adam through DDP at the same cap.
     if (kind.rfind("ours+zero_adam", 0) == 0) {
       std::ostringstream adam_id;
       adam_id << "ours+adam@" << v["bucket_cap_mb"].get<double>();
@@ -213,7 +213,7 @@ void print_summary(const json& raw, const json& rows, const Options& o) {
                 cap_label((*row)["bucket_cap_mb"].get<double>()).c_str(), what, get(row, "median_ms"), name,
                 fixed(get(row, "ratio_vs_ours")).c_str());
   }
-  // ZeRO+Adam step / DDP+Adam step (issue 26's targets: <= 1.05 without overlap, <= 0.95 with).
+  // ZeRO+Adam step / DDP+Adam step (the targets: <= 1.05 without overlap, <= 0.95 with).
   for (const char* name : {"ours+zero_adam", "ours+zero_adam_overlap"}) {
     const json* row = find_row(rows, name);
     if (!row) continue;
@@ -242,7 +242,7 @@ void print_summary(const json& raw, const json& rows, const Options& o) {
 }
 
 // Memory above local is what synchronization holds: buckets, plus gradients outside them.
-// Adam's state per rank, whole or sharded by ZeRO (issue 26): the memory pass measures it at every
+// Adam's state per rank, whole or sharded by ZeRO: the memory pass measures it at every
 // world size.
 // Each rank's optimizer state; for ZeRO, beside the bound it promises: Adam's whole state (what
 // ours+adam holds on every rank) / W plus the state of the largest parameter (two moments).

@@ -35,7 +35,7 @@ Variant local(std::shared_ptr<BenchNet> model, const Batch& batch) {
   return v;
 }
 
-// One blocking c10d allreduce per gradient. `with_check`: naive as measured before issue 23, when
+// One blocking c10d allreduce per gradient. `with_check`: naive as it was once measured, when
 // ddp::all_reduce ran a 7-number fingerprint allgather before every allreduce (two collectives per
 // gradient): naive_check.
 Variant naive(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::ProcessGroupPtr& group,

@@ -16,7 +16,7 @@ enum class Kind {
   local,       // no communication: the lower bound
   naive,       // after backward, one blocking c10d allreduce per gradient (what C++ users hand-roll)
   naive_flat,  // after backward, cat all gradients, one c10d allreduce, copy back
-  naive_check, // naive as ddp_bench measured it before issue 23: each allreduce after a fingerprint
+  naive_check, // naive as ddp_bench once measured it: each allreduce after a fingerprint
                // allgather (ddp::all_reduce checked every call then); kept to show the difference
   reducer,     // PyTorch's c10d::Reducer, driven like torch/nn/parallel/distributed.py 1.13
   ours,        // ddp::DistributedDataParallel
@@ -33,7 +33,7 @@ enum class Kind {
   ours_powersgd4,  // ours+powersgd4: rank 4
   reducer_fp16,    // reducer+fp16: c10d's built-in FP16_COMPRESS hook, the fair peer of ours+fp16
   ours_syncbn,  // ours on the model with ddp::SyncBatchNorm for every BatchNorm (models with BatchNorm)
-  // The optimizer (issue 26): ours with Adam instead of SGD, with Adam sharded by
+  // The optimizer: ours with Adam instead of SGD, with Adam sharded by
   // ddp::ZeroRedundancyOptimizer (bucket views on), and sharded and stepped inside DDP's backward
   // (overlap_with_ddp, ddp::hooks::hook_with_zero_step_interleaved); their ratios are ZeRO's cost
   // per step, their memory rows the optimizer state each rank holds.
