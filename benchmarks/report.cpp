@@ -241,11 +241,9 @@ void print_summary(const json& raw, const json& rows, const Options& o) {
   }
 }
 
-// Memory above local is what synchronization holds: buckets, plus gradients outside them.
-// Adam's state per rank, whole or sharded by ZeRO: the memory pass measures it at every
-// world size.
-// Each rank's optimizer state; for ZeRO, beside the bound it promises: Adam's whole state (what
-// ours+adam holds on every rank) / W plus the state of the largest parameter (two moments).
+// Adam's state per rank, whole or sharded by ZeRO (the memory pass measures it at every world
+// size); for ZeRO, beside the bound it promises: Adam's whole state (what ours+adam holds on every
+// rank) / W plus the state of the largest parameter (two moments).
 void print_optimizer_state(const json& rows, int world) {
   const json* whole = find_row(rows, "ours+adam");
   for (const auto& row : rows) {
@@ -268,6 +266,7 @@ void print_optimizer_state(const json& rows, int world) {
   }
 }
 
+// Memory above local is what synchronization holds: buckets, plus gradients outside them.
 void print_memory(const json& rows, int world, double gradient_mib) {
   std::printf("  peak RSS above model+data (MiB), each variant alone in fresh ranks at world %d; fp32 gradients: "
               "%.1f MiB\n", world, gradient_mib);
