@@ -94,7 +94,7 @@ if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_P
   say "FAILED: configure (the end of $log above)"
   exit 1
 fi
-grep -E 'torchddp: (LibTorch|CLI11|nlohmann_json|GoogleTest|Gloo|zlib|OpenSSL)' "$log" | sed 's/^-- torchddp: /  /' >>"$report"
+grep -E 'torchddp: (LibTorch|CLI11|nlohmann_json|GoogleTest|Gloo|zlib|OpenSSL)' "$log" | sed 's/^-- torchddp: /  /' | tee -a "$report"
 targets=(ddprun launch_child launch_tests gpu_tests train_fashion_mnist model_parallel_ddp)
 note "building ${targets[*]} with $jobs jobs"
 if ! cmake --build "$build" -j "$jobs" $(printf -- '--target %s ' "${targets[@]}") >>"$log" 2>&1; then
@@ -150,7 +150,7 @@ run_gtest() {  # run_gtest <label> <binary> <filter> <regex of GPU tests> <timeo
   fi
 }
 run_gtest gpu_tests "$build/tests/gpu/gpu_tests" '*' '^(Cuda|Nccl)\.' 600
-grep -m1 -o 'built against NCCL .*' "$log" | sed 's/^/  /' >>"$report" || true  # Nccl.Reports...'s own line
+grep -m1 -o 'built against NCCL .*' "$log" | sed 's/^/  /' | tee -a "$report" || true  # Nccl.Reports...'s own line
 run_gtest launch_tests "$build/tests/launch/launch_tests" 'Launch.GpuCount*:LaunchBadInput.GpuCount*' '^Launch\.Gpu' 300
 
 # --- 4. the main job and the model-parallel example ----------------------------------------------

@@ -20,7 +20,7 @@
 # checkout plus the bundle (scripts/gpu_bundle.sh, made if missing), copied fresh into the chroot
 # each run and built from scratch there; its size is printed against the 64 MiB limit. Then
 # gpu_check.sh runs there: the GPU tests must skip, saying why, and everything else pass. Its report
-# is printed, and the rehearsal's rc and wall time.
+# is printed as it runs (and kept in .ci-logs/), then the rehearsal's rc and wall time.
 #
 # Environment:
 #   DDP_GPU_CHROOT   the chroot (default /var/tmp/torchddp-gpu-rehearsal; made once, ~2 min)
@@ -28,6 +28,8 @@
 #   CUDA_HOME        the CUDA toolkit to mount (default /usr/local/cuda)
 #   MIRROR           Debian mirror (default: as scripts/libtorch2_chroot.sh)
 #   REHEARSE_COMMIT  rehearse this commit (e.g. HEAD: git archive) instead of the working tree
+#   REHEARSAL_CMAKE  a CMake folder (bin/cmake) to use instead of bookworm's 3.25, e.g. PyPI's cmake
+#                    wheel's cmake/data (4.4.5 rehearsed so, 2026-11-28)
 #   KEEP_BUILD=1     keep the last rehearsal's build (a developer's rerun); by default it starts afresh
 #   PREPARE_ONLY=1   stop once the chroot is made (CI makes it in the background)
 #   DDP_BUILD_JOBS, EPOCH_SAMPLES   passed to gpu_check.sh (defaults: nproc; 10000 here, to keep
@@ -151,8 +153,15 @@ log "what travels: $((tree_kib / 1024)) MiB (limit 64 MiB), of which the bundle 
 ((tree_kib <= 64 * 1024 && bundle_kib <= 40 * 1024)) || { log "over the limit"; exit 1; }
 
 # --- 4. the check, as on the GPU machine -----------------------------------------------------------
+# Another CMake than bookworm's 3.25 (the GPU image's is PyPI's cmake, 4.x): REHEARSAL_CMAKE=<its folder>.
+rm -rf "$CHROOT/opt/cmake"
+path=/opt/torch-venv/bin:/usr/sbin:/usr/bin:/sbin:/bin
+if [[ -n ${REHEARSAL_CMAKE:-} ]]; then
+  cp -r "$REHEARSAL_CMAKE" "$CHROOT/opt/cmake"
+  path=/opt/cmake/bin:$path
+fi
 in_chroot() {
-  chroot "$CHROOT" /usr/bin/env -i HOME=/root PATH=/opt/torch-venv/bin:/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+  chroot "$CHROOT" /usr/bin/env -i HOME=/root PATH=$path LANG=C.UTF-8 \
     OUT=/root/out DDP_GPU_BUILD=/root/build-gpu DDP_COMMIT="$commit" DDP_BUILD_JOBS="${DDP_BUILD_JOBS:-$(nproc)}" EPOCH_SAMPLES="${EPOCH_SAMPLES:-10000}" bash -c "$1"
 }
 in_chroot "apt-get --version" >/dev/null 2>&1 && { log "apt-get still works in the chroot"; exit 1; }
@@ -165,8 +174,7 @@ in_chroot "cd /root/torchddp && bash scripts/gpu_check.sh" || rc=$?
 check_s=$((SECONDS - check_start))
 mkdir -p .ci-logs
 cp "$CHROOT/root/out/gpu_report.txt" "$CHROOT/root/out/gpu_check.log" .ci-logs/ 2>/dev/null || true
-log "report (.ci-logs/gpu_report.txt; the whole log: .ci-logs/gpu_check.log):"
-sed 's/^/    /' "$CHROOT/root/out/gpu_report.txt" 2>/dev/null || true
+log "the report above is in .ci-logs/gpu_report.txt, the whole log in .ci-logs/gpu_check.log"
 
 # The rehearsal's own claims: every GPU test skipped with a reason, nothing failed.
 if [[ $rc -eq 0 ]]; then
