@@ -418,7 +418,9 @@ Channel::Where Channel::where_for(std::size_t bytes) {
 c10::intrusive_ptr<c10d::Work> Channel::issue(c10d::OpType type, std::vector<at::Tensor> result, Where where,
                                               std::function<void()> body) {
   auto work = c10::make_intrusive<Work>(type, std::move(result));
-  auto run_body = [work, body = std::move(body)]() mutable {
+  // Runs the collective, then frees the channel before the Work completes: a caller that hears
+  // it is done finds the channel idle, and its next small collective may run at once.
+  auto job = [this, work, body = std::move(body)]() mutable {
     std::exception_ptr error;
     try {
       body();
@@ -428,6 +430,11 @@ c10::intrusive_ptr<c10d::Work> Channel::issue(c10d::OpType type, std::vector<at:
     // Drop the body's tensor references before the waiter wakes: afterwards the caller's thread
     // owns them alone (ThreadSanitizer saw this thread's release race with the caller's free).
     body = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      running_ = false;
+    }
+    wake_.notify_one();  // for what was queued meanwhile
     work->complete(error);
   };
   {
@@ -435,18 +442,13 @@ c10::intrusive_ptr<c10d::Work> Channel::issue(c10d::OpType type, std::vector<at:
     // Idle: nothing running and nothing queued, so running it now keeps the order of the calls.
     const bool here = where == Where::kCallerIfIdle && !running_ && queue_.empty();
     if (!here) {
-      queue_.push_back(std::move(run_body));
+      queue_.push_back(std::move(job));
       wake_.notify_one();
       return work;
     }
     running_ = true;  // what is issued meanwhile queues behind it
   }
-  run_body();
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    running_ = false;
-  }
-  wake_.notify_one();  // for what was queued meanwhile
+  job();
   return work;
 }
 
@@ -461,9 +463,7 @@ void Channel::run() {
       queue_.pop_front();
       running_ = true;
     }
-    next();
-    std::lock_guard<std::mutex> lock(mutex_);
-    running_ = false;
+    next();  // clears running_ when its collective is done
   }
 }
 
