@@ -58,8 +58,9 @@ if [[ -z ${CUDACXX:-} ]] && ! command -v nvcc >/dev/null; then
     [[ -x $nvcc ]] && { export CUDACXX=$nvcc; break; }
   done
 fi
-for tool in "$python" cmake ninja c++; do
-  command -v "$tool" >/dev/null || { say "FAILED: $tool is not on PATH (needed: python3 with torch, cmake, ninja, c++)"; exit 1; }
+for tool in "$python" cmake ninja "${CXX:-c++}"; do
+  [[ $tool == c++ ]] && ! command -v c++ >/dev/null && command -v g++ >/dev/null && export CXX=g++ && continue
+  command -v "$tool" >/dev/null || { say "FAILED: $tool is not on PATH (needed: python3 with torch, cmake, ninja, a C++ compiler)"; exit 1; }
 done
 [[ -f $bundle/MANIFEST ]] || { say "FAILED: no dependency bundle at $bundle (make it with scripts/gpu_bundle.sh)"; exit 1; }
 machine=$("$python" -W ignore - <<'EOF'
@@ -79,7 +80,7 @@ commit=${DDP_COMMIT:-$(git -C "$repo" log -1 --format=%h 2>/dev/null || echo 'un
 say "torchddp GPU check, $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $commit"
 say "$(grep -v '^has_gpu=' <<<"$machine")"
 say "driver: $( (nvidia-smi --query-gpu=driver_version,memory.total --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi') | head -1)"
-say "machine: $(nproc) cores, $(uname -r), cmake $(cmake --version | head -1 | awk '{print $3}'), $(c++ --version | head -1)"
+say "machine: $(nproc) cores, $(uname -r), cmake $(cmake --version | head -1 | awk '{print $3}'), $("${CXX:-c++}" --version | head -1)"
 
 # --- 2. configure and build -----------------------------------------------------------------------
 # torch.utils.cmake_prefix_path finds TorchConfig.cmake; torch's own folder goes first, as in

@@ -144,7 +144,8 @@ rm -rf "$tree" && mkdir -p "$tree"
 if [[ ${REHEARSE_COMMIT:-} ]]; then
   git archive "$REHEARSE_COMMIT" | tar -x -C "$tree"  # a commit alone, without the work in progress beside it
 else
-  git ls-files -co --exclude-standard -z | tar -c --null -T - -f - | tar -x -C "$tree"
+  # (a tracked file deleted in the working tree is left out, as the device tool leaves it)
+  git ls-files -co --exclude-standard -z | tar -c --null --ignore-failed-read -T - -f - 2>/dev/null | tar -x -C "$tree"
 fi
 cp -r .gpu-bundle "$tree/.gpu-bundle"
 tree_kib=$(du -sk "$tree" | cut -f1)
