@@ -172,12 +172,20 @@ main_job() {  # main_job <label> <world> <flags...>: one epoch; prints its sampl
     return
   fi
   say "main job, $label: $(sed -E 's/.*test loss [0-9.]+ acc ([0-9.]+%).*\| ([0-9]+ samples\/s).*/\2, test accuracy \1/' <<<"$epoch") ($(elapsed $phase))"
+  rate=$(sed -E 's/.*\| ([0-9]+) samples\/s.*/\1/' <<<"$epoch")
 }
+ratio() {  # ratio <label> <samples/s> <against, samples/s>
+  [[ -n $2 && -n $3 && $3 -gt 0 ]] && say "  $1: $(awk -v a="$2" -v b="$3" 'BEGIN {printf "%.2f", a / b}')x the CPU run's samples/s"
+}
+rate=""
 main_job "CPU, Gloo, world 2" 2 --backend gloo
+cpu_rate=$rate
 if "$train" --help 2>/dev/null | grep -q -- '--device'; then
   if [[ $has_gpu == 1 ]]; then
-    main_job "GPU, NCCL, world 1" 1 --backend nccl --device cuda
-    main_job "GPU, Gloo with CUDA tensors, world 2 on one GPU" 2 --backend gloo --device cuda
+    rate="" && main_job "GPU, NCCL, world 1" 1 --backend nccl --device cuda
+    ratio "GPU, NCCL, world 1" "$rate" "$cpu_rate" || true
+    rate="" && main_job "GPU, Gloo with CUDA tensors, world 2 on one GPU" 2 --backend gloo --device cuda
+    ratio "GPU, Gloo with CUDA tensors, world 2" "$rate" "$cpu_rate" || true
   else
     say "main job on the GPU: skipped, no GPU here (torch.cuda.is_available() is False)"
   fi
