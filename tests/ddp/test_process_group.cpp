@@ -1,4 +1,9 @@
 // Process groups: rendezvous over every init_method, the free collectives, and bad input.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <thread>
@@ -43,6 +48,33 @@ DDP_WORKER(collectives) {
   ddp::barrier();
   ddp::destroy_process_group();
   require(!ddp::is_initialized(), "destroy_process_group left a default group");
+}
+
+// A write to a connection whose peer died raises SIGPIPE; Gloo does not guard its writes, so at
+// its default the signal would end a rank silently before any error named the peer. After
+// init_process_group a write to a closed pipe fails with EPIPE instead, and a handler the program
+// installed itself is left as it was.
+void own_sigpipe_handler(int) {}
+DDP_WORKER(sigpipe) {
+  const bool own = std::string(std::getenv("RANK")) == "1";  // rank 1 installs its own handler
+  if (own) std::signal(SIGPIPE, own_sigpipe_handler);
+  ddp::test::worker_init();
+  struct sigaction now {};
+  sigaction(SIGPIPE, nullptr, &now);
+  if (own) {
+    require(now.sa_handler == own_sigpipe_handler, "init_process_group replaced the program's SIGPIPE handler");
+    return;
+  }
+  int fds[2];
+  require(pipe(fds) == 0, "pipe");
+  close(fds[0]);
+  errno = 0;
+  const ssize_t written = write(fds[1], "x", 1);  // at SIGPIPE's default this ends the process
+  require(written == -1 && errno == EPIPE, "a write to a closed pipe did not fail with EPIPE");
+  close(fds[1]);
+}
+TEST(ProcessGroup, ADeadPeersSigpipeBecomesAnErrorNotASilentExit) {
+  EXPECT_WORKERS_OK(ddp::test::run_workers("sigpipe", 2));
 }
 
 TEST(ProcessGroup, FileStoreCollectivesWorld3) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 
 #ifndef _WIN32
 #include <netdb.h>
+#include <signal.h>
 #endif
 
 #include <torch/cuda.h>
@@ -390,7 +392,18 @@ Connection connect_group(const InitOptions& options) {
 ProcessGroupPtr new_process_group(const InitOptions& options) { return connect_group(options).group; }
 
 // The default group also gets the heartbeat that names a stalled rank when a collective fails.
+namespace {
+// SIGPIPE's default ends the process; a handler or SIG_IGN the program chose is left alone.
+void ignore_sigpipe_unless_handled() {
+#ifndef _WIN32
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+#endif
+}
+}  // namespace
+
 ProcessGroupPtr init_process_group(const InitOptions& options) {
+  ignore_sigpipe_unless_handled();
   Connection connection = connect_group(options);
   if (connection.heartbeat_store) {
     detail::start_heartbeat(connection.heartbeat_store, connection.rank, connection.world_size);

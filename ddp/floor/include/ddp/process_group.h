@@ -52,7 +52,10 @@ struct InitOptions {
   TORCH_ARG(bool, hierarchical) = true;
 };
 
-// Creates a process group, makes it the default group and returns it.
+// Creates a process group, makes it the default group and returns it. On POSIX, also ignores
+// SIGPIPE where the program left it at its default (as Python does for PyTorch's ranks): Gloo
+// writes to its sockets without guarding against it, so a peer that died would otherwise end this
+// process silently, before any error could name that peer.
 ProcessGroupPtr init_process_group(const InitOptions& options = {});
 // Creates a process group without touching the default group.
 ProcessGroupPtr new_process_group(const InitOptions& options);
