@@ -664,7 +664,7 @@ void Communicator::barrier() {
   });
 }
 
-// --- Memory the ranks share: DDP's buckets (issue 24) -----------------------------------------
+// --- Memory the ranks share: DDP's buckets -----------------------------------------------------
 
 std::shared_ptr<SharedArray> Communicator::share(std::size_t bytes) {
   if (error_) throw *error_;

@@ -79,7 +79,7 @@ class PeerError : public std::runtime_error {
 
 // Memory every rank of a group can read and write, for one array: each rank has `bytes` of its
 // own, and every peer maps it too. Made by Communicator::share(); DDP's gradient buckets live in
-// one each (issue 24), so allreduce_shared() reduces them where they are - each rank reads its
+// one each, so allreduce_shared() reduces them where they are - each rank reads its
 // 1/W slice from every rank's memory and writes the result back into every rank's memory: two
 // passes over the array per rank instead of the five of an allreduce through the data buffers.
 // It lives as long as its last holder (a tensor over it may outlive the Communicator); nothing of

@@ -1,6 +1,6 @@
 #pragma once
 // The allreduce of a group whose ranks run on several hosts, the same number L >= 2 on each
-// (issue 29; HostLayout::hierarchical()). Only step 2 crosses the hosts' links, carrying 1/L of
+// (HostLayout::hierarchical()). Only step 2 crosses the hosts' links, carrying 1/L of
 // the array per rank, the L local ranks' streams at once:
 //   1. inside the host, over shared memory: local rank l reduces slice l of the array from every
 //      local rank's copy
@@ -14,11 +14,9 @@
 // step 3. DDP's buckets live there (share()); any other tensor is copied into a scratch array of
 // the host's and back, a window at a time (allreduce()). Every rank ends with the same bits: step 2
 // gives every member of a Gloo group the same slice, step 3 copies it. They differ from flat
-// Gloo's only in the order of the additions (fp32 rounding).
-//
-// On mlp_b4 (33.6 MB of gradients) at 2 hosts x 2 ranks over 1 Gbit/s, a DDP step takes 22 ms more
-// than the allreduce alone; with the buckets private and copied through the Communicator's buffers
-// in three steps (941e94a) it took 54 ms more (benchmarks/README.md).
+// Gloo's only in the order of the additions (fp32 rounding). Keeping DDP's buckets where the
+// host's ranks share them is what brings a DDP step near the allreduce alone (benchmarks/README.md,
+// "Flat Gloo against hierarchical across hosts").
 //
 // Failures: every wait is bounded by the group's timeout (the Communicator's and the Gloo group's).
 // A rank that dies is named by its host's peers (the Communicator watches their pids; errors name
@@ -69,8 +67,8 @@ class Hierarchical {
   // two windows, one crossing while the other is copied out and in (allreduce()): at first (made
   // with the group, which every group keeps in /dev/shm beside the Communicator's 1 MiB - DDP
   // makes one of its own), and at most (made when a larger tensor comes: two windows of 4 MiB).
-  // Each window ends with a round trip inside the host while the link waits: 33.6 MB took 98 ms
-  // in windows of 1 MiB at 10 Gbit/s, 48 ms in windows of 4 MiB, 50 in windows of 8 (2026-11-27).
+  // Each window ends with a round trip inside the host while the link waits, so windows must not be
+  // small: 4 MiB came out best (benchmarks/README.md has the sizes tried).
   static constexpr std::size_t kScratchBytes = std::size_t{2} << 20;
   static constexpr std::size_t kLargestScratchBytes = std::size_t{8} << 20;
   ~Hierarchical();
@@ -88,7 +86,7 @@ class Hierarchical {
   // "hierarchical (2 hosts x 2)".
   std::string name() const;
 
-  // DDP's buckets in shared memory (issue 24) across hosts. Collective over the group: `bytes` of
+  // DDP's buckets in shared memory across hosts. Collective over the group: `bytes` of
   // memory this host's ranks share (Communicator::share), or ShmUnavailable on every rank of every
   // host alike, when a host could not make it or the hosts ask for different sizes.
   std::shared_ptr<SharedArray> share(std::size_t bytes);

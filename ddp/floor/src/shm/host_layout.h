@@ -4,7 +4,7 @@
 // string the ranks already agree through the store before shared memory may serve a group
 // (channel.cpp: hostname, boot id, the /dev/shm mount), so every rank computes the same layout.
 //
-// A hierarchical allreduce (issue 29) reduces inside each host over shared memory, allreduces part
+// A hierarchical allreduce reduces inside each host over shared memory, allreduces part
 // l of the result across the hosts among the ranks of local rank l, then shares the parts inside
 // each host again. It applies when hierarchical() holds; a group that spans hosts otherwise runs
 // flat on Gloo.

@@ -36,7 +36,7 @@ void reduce_into(void* dst, const void* const* srcs, int nsrc, std::size_t count
 // memcpy(dst, src, bytes) for the collectives' copies into and out of shared memory (the two
 // ranges must not overlap). glibc's memcpy copies such sizes with "rep movsb", which on AMD Zen
 // runs about ten times slower than a plain vector loop when the source was just written by
-// another core - the normal case here (measured: 256 KiB chunks between two ranks).
+// another core - the normal case here (seen with 256 KiB chunks between two ranks).
 void copy_bytes(void* dst, const void* src, std::size_t bytes);
 
 // The 16-bit floating formats, by hand (no dependency on c10). Exact for every value; the
