@@ -289,9 +289,10 @@ void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& 
   std::ofstream(fs::path(o.out) / memory_file(config, group->getSize(), spec)) << out.dump(1) << "\n";
 }
 
-// c10d allreduce of float32 tensors from 4 KB to 33.6 MB (mlp_b4's gradients), over the default
-// group (shared memory when the ranks share this host) and over Gloo alone, interleaved: per round
-// each size runs `reps` times on each group. Rank 0 prints the medians and writes allreduce_w<W>.json.
+// ddp::all_reduce (the public path: c10d's allreduce and wait_collective) of float32 tensors from
+// 4 KB to 33.6 MB (mlp_b4's gradients), over the default group (shared memory when the ranks share
+// this host) and over Gloo alone, interleaved: per round each size runs `reps` times on each group.
+// Rank 0 prints the medians and writes allreduce_w<W>.json.
 void allreduce_job(const Options& o, const Groups& groups) {
   const int rank = groups.ours->getRank(), world = groups.ours->getSize();
   const std::vector<int64_t> bytes = o.quick ? std::vector<int64_t>{4096, 262144}
@@ -300,13 +301,13 @@ void allreduce_job(const Options& o, const Groups& groups) {
   std::vector<std::vector<double>> shm(bytes.size()), gloo(bytes.size());
   for (int round = 0; round < rounds; ++round) {
     for (size_t b = 0; b < bytes.size(); ++b) {
-      std::vector<at::Tensor> tensor{torch::ones({bytes[b] / 4})};
+      at::Tensor tensor = torch::ones({bytes[b] / 4});
       for (auto [group, times] : {std::pair{groups.ours, &shm[b]}, std::pair{groups.gloo, &gloo[b]}}) {
         ddp::barrier(groups.gloo);
-        group->allreduce(tensor)->wait();  // warm (first use of a size)
+        ddp::all_reduce(tensor, c10d::ReduceOp::SUM, group);  // warm (first use of a size)
         for (int r = 0; r < reps; ++r) {
           const auto start = std::chrono::steady_clock::now();
-          group->allreduce(tensor)->wait();
+          ddp::all_reduce(tensor, c10d::ReduceOp::SUM, group);
           times->push_back(ms_since(start));
         }
       }
