@@ -16,6 +16,7 @@
 #include <map>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -664,6 +665,41 @@ TEST(LaunchStore, TokenFilesMustBePrivateAndTokensLongEnough) {
   EXPECT_EQ(f.exit_code, 2) << describe(f);
   EXPECT_NE(f.output.find("DDPRUN_RDZV_TOKEN: the rendezvous token must be one word of 16"), std::string::npos)
       << f.output;
+}
+
+// Node 0's store listens on --master-addr only (127.0.0.2 here: loopback, but not 127.0.0.1), on
+// every interface with --rdzv-listen-all; an address of no interface here is refused by name.
+TEST(LaunchStore, ListensOnTheMasterAddressOnly) {
+  for (const bool all : {false, true}) {
+    auto tag = launch_test::unique_tag("listen");
+    const int port = ddp::test::free_port();
+    std::vector<std::string> options{"--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.2",
+                                     "--master-port", std::to_string(port), "--timeout", "20"};
+    if (all) options.push_back("--rdzv-listen-all");
+    Subprocess node0(ddprun(options, {"hang"}), job_env(tag));
+    bool reached_there = false;
+    for (int i = 0; i < 100 && !reached_there; ++i) {  // until node 0's store is up
+      int fd = socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in address{};
+      address.sin_family = AF_INET;
+      address.sin_port = htons(static_cast<uint16_t>(port));
+      inet_pton(AF_INET, "127.0.0.2", &address.sin_addr);
+      reached_there = connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+      close(fd);
+      if (!reached_there) std::this_thread::sleep_for(50ms);
+    }
+    ASSERT_TRUE(reached_there) << node0.output();
+    launch_test::Stranger elsewhere(port);  // 127.0.0.1
+    EXPECT_EQ(elsewhere.connected, all) << (all ? "--rdzv-listen-all: 127.0.0.1 must reach the store"
+                                                : "the store must not listen on 127.0.0.1");
+    kill(node0.pid(), SIGTERM);
+    node0.wait(30s);
+    EXPECT_NO_PROCESS_LEFT(tag);
+  }
+  expect_exit_two(ddprun({"--nnodes", "2", "--node-rank", "0", "--master-addr", "192.0.2.1", "--master-port",
+                          std::to_string(ddp::test::free_port())},
+                         {"hang"}),
+                  "node 0 hosts the launchers' store at --master-addr 192.0.2.1, but cannot listen on 192.0.2.1 port");
 }
 
 // Another user can plant a link where a rank's log will be written (in a directory they own):
