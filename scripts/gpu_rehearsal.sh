@@ -4,12 +4,13 @@
 # of our Debian packages and no package manager. So that the one command works the first time a
 # GPU machine is lent, and keeps working (CI runs this; .ci/run).
 #
-#   bash scripts/gpu_rehearsal.sh       # as root (debootstrap, mount and chroot need it); ~15 min on 2 cores
+#   bash scripts/gpu_rehearsal.sh       # as root (debootstrap, mount and chroot need it); 4-7 min on 2 cores
 #
 # The stand-in machine: a debootstrap chroot (as scripts/libtorch2_chroot.sh makes, but minimal)
 # holding only python3, g++, cmake and ninja-build, installed by debootstrap itself (their -dev
-# dependencies are the compiler's own: libc6-dev, libstdc++-dev, linux-libc-dev, libcrypt-dev; the
-# rehearsal fails if any of our dependencies' packages is there). Inside, nothing is installed:
+# dependencies are the compiler's own: libc6-dev, libcrypt-dev, libgcc-12-dev, libnsl-dev,
+# libstdc++-12-dev, libtirpc-dev, linux-libc-dev; the rehearsal fails if any of our dependencies'
+# packages is there, and prints the -dev ones). Inside, nothing is installed:
 #   - python3 is a venv (/opt/torch-venv) whose site-packages is the torch 2.15 CUDA wheel's venv
 #     of scripts/libtorch_wheel.sh, mounted read-only (its python must be the chroot's: 3.11 is
 #     bookworm's, 3.13 trixie's; the suite is picked to match);
