@@ -6,7 +6,7 @@
 #
 #   bash scripts/gpu_bundle.sh      # here, once: the dependencies, in .gpu-bundle/ (~35 MiB)
 #   # copy the working tree and .gpu-bundle/ to the GPU machine, then there:
-#   bash scripts/gpu_check.sh       # ~5 min on 16 cores; the report in $OUT/gpu_report.txt
+#   bash scripts/gpu_check.sh       # the report in $OUT/gpu_report.txt (here, 2 cores: 4-7 min)
 #
 # What runs (each result in the report; a GPU test that skips where torch sees a GPU fails):
 #   gpu_tests      tests/ddp's files with the GPU tests: Cuda.* (Gloo with CUDA tensors at world 2
@@ -47,7 +47,7 @@ log=$out/gpu_check.log
 : >"$log"
 failures=0
 say() { echo "$*" | tee -a "$report"; }                 # a line of the report (and the console)
-note() { echo "[gpu-check] $*" | tee -a "$log"; }       # progress, in the log only
+note() { echo "[gpu-check] $*" | tee -a "$log"; }       # progress: the console and the log
 fail() { say "FAILED: $*"; failures=$((failures + 1)); }
 elapsed() { echo "$((SECONDS - $1)) s"; }
 
