@@ -60,6 +60,9 @@ for how in kill:3 kill:1 stop:3; do
   [[ $(grep -c " ready transport=gloo+shm hierarchical (2 hosts x 2)$" <<<"$out") == 4 ]] ||
     { await_job 1; fail "not every rank of 2 hosts x 2 started all-reducing hierarchically"; }
   sleep 0.$((RANDOM % 9 + 1))
+  # A stopped rank is told apart from a gone one by its heartbeat's pid: let it send one first (on
+  # a loaded machine its first could come after the 0.1-0.9 s above: "never sent a heartbeat").
+  [[ $signal == stop ]] && sleep 2
   if [[ $signal == kill ]]; then
     { kill -9 "${JOB_PIDS[$victim]}" && wait "${JOB_PIDS[$victim]}"; } 2>/dev/null  # no "Killed" notice
   else
@@ -90,7 +93,7 @@ for how in kill:3 kill:1 stop:3; do
   done
   if [[ $signal == stop ]]; then
     grep -q "Stall check: rank $victim stopped (no heartbeat for 2.5 s: its process, pid [0-9]*, is stopped" <<<"$(rank_log 0)" ||
-      fail "rank 0's stall check does not say rank $victim is stopped"
+      fail "rank 0's stall check does not say rank $victim is stopped: $(grep -o 'Stall check: .*' <<<"$(rank_log 0)")"
   fi
   echo "rank $victim (host ${JOB_HOST[$victim]}) $done_to in ${what:-all_reduce} loop: the other 3 ranks ended within ${elapsed} s naming it"
 done
