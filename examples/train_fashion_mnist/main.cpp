@@ -64,7 +64,33 @@ struct Options {
   int64_t powersgd_start_iter = 10;
   bool zero = false;  // Adam's state sharded over the ranks (ZeroRedundancyOptimizer)
   bool allow_nonfinite = false;  // keep training when the loss is NaN or infinite
+  std::string device = "cpu";    // cpu, cuda (this rank's GPU: LOCAL_RANK modulo the GPUs) or cuda:N
 };
+
+// --device: where the model and each batch live.
+c10::Device device_of(const Options& options) {
+  if (options.device != "cuda") return c10::Device(options.device);
+  const auto gpus = static_cast<int>(torch::cuda::device_count());
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(ddp::local_rank() % gpus));
+}
+
+// --device: cpu, or cuda[:N] where this process sees a GPU (N among them); refused before any work.
+CLI::Validator device_flag() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (text == "cpu") return "";
+        const auto gpus = static_cast<int>(torch::cuda::device_count());
+        if (text != "cuda" && text.rfind("cuda:", 0) != 0) return "must be cpu, cuda or cuda:N, got '" + text + "'";
+        if (gpus == 0) return "'" + text + "' needs a CUDA GPU, and this process sees none (use cpu)";
+        if (text == "cuda") return "";
+        const auto index = examples::detail::parse_whole(text.substr(5));
+        if (!index || *index < 0 || *index >= gpus) {
+          return "'" + text + "': the GPUs this process sees are cuda:0 to cuda:" + std::to_string(gpus - 1);
+        }
+        return "";
+      },
+      "DEVICE");
+}
 
 
 // Two conv blocks and two linear layers: ~0.2M parameters, about 90% test accuracy in a few epochs.
@@ -122,7 +148,7 @@ ddp::ProcessGroupPtr init(const Options& options) {
 // Global loss and accuracy on the test set, sharded over the ranks without shuffling. pad(false):
 // the shards are disjoint and together hold every test sample exactly once (PyTorch's sampler would
 // repeat some to even them out), so the summed figures are exact with no masking.
-ddp::Metrics evaluate(Net& net, const examples::FashionMNIST& test, int64_t batch_size) {
+ddp::Metrics evaluate(Net& net, const examples::FashionMNIST& test, int64_t batch_size, const c10::Device& device) {
   ddp::DistributedSampler sampler(*test.size(), ddp::DistributedSamplerOptions().shuffle(false).pad(false));
   auto loader = torch::data::make_data_loader(examples::FashionMNIST(test).map(torch::data::transforms::Stack<>()),
                                               sampler, torch::data::DataLoaderOptions().batch_size(batch_size));
@@ -134,10 +160,11 @@ ddp::Metrics evaluate(Net& net, const examples::FashionMNIST& test, int64_t batc
   local.add("accuracy", 0, 0);
   for (auto& batch : *loader) {
     const double n = static_cast<double>(batch.data.size(0));
-    auto output = net.forward(batch.data);
-    local.add("loss", F::cross_entropy(output, batch.target, F::CrossEntropyFuncOptions().reduction(torch::kSum))
+    auto output = net.forward(batch.data.to(device));
+    const auto target = batch.target.to(device);
+    local.add("loss", F::cross_entropy(output, target, F::CrossEntropyFuncOptions().reduction(torch::kSum))
                           .item<double>(), n);
-    local.add("accuracy", output.argmax(1).eq(batch.target).sum().item<double>(), n);
+    local.add("accuracy", output.argmax(1).eq(target).sum().item<double>(), n);
   }
   net.train();
   return local.all_reduce();
@@ -214,6 +241,8 @@ int run(const Options& options) {
 
   torch::manual_seed(options.seed);  // the same start everywhere (DDP also broadcasts rank 0's)
   auto net = std::make_shared<Net>();
+  const c10::Device device = device_of(options);
+  net->to(device);
   ddp::DistributedDataParallel model(net, pg, ddp::DDPOptions().bucket_cap_mb(options.bucket_cap_mb).first_bucket_cap_mb(options.first_bucket_cap_mb));
   register_comm_hook(model, options);
   // --zero: each rank keeps Adam's state for its shard of the parameters only (ZeRO stage 1); the
@@ -260,9 +289,9 @@ int run(const Options& options) {
 #endif
 
   if (leader) {
-    std::printf("train_fashion_mnist: world %d (%s), batch %lld per rank (%lld global), lr %g, %zu train / %zu test "
-                "samples, %d thread(s) per rank, comm hook %s, optimizer %s\n",
-                world, ddp::transport().c_str(), static_cast<long long>(options.batch_size),
+    std::printf("train_fashion_mnist: world %d (%s), on %s, batch %lld per rank (%lld global), lr %g, %zu train / %zu "
+                "test samples, %d thread(s) per rank, comm hook %s, optimizer %s\n",
+                world, ddp::transport().c_str(), device.str().c_str(), static_cast<long long>(options.batch_size),
                 static_cast<long long>(options.batch_size * world), options.lr, *train.size(), *test.size(),
                 options.threads, options.comm_hook.c_str(), zero ? "Adam (ZeRO: state sharded over the ranks)" : "Adam");
   }
@@ -279,8 +308,9 @@ int run(const Options& options) {
     int64_t step = 0;  // in this epoch
     for (auto& batch : *loader) {
       ++step;
-      auto output = model.forward(batch.data);
-      auto loss = F::cross_entropy(output, batch.target);
+      const auto data = batch.data.to(device), target = batch.target.to(device);
+      auto output = model.forward(data);
+      auto loss = F::cross_entropy(output, target);
       const double loss_value = loss.item<double>();
       check_finite_loss(loss_value, label, step, rank, options);
       optimizer->zero_grad();
@@ -291,13 +321,13 @@ int run(const Options& options) {
       }
       const double n = static_cast<double>(batch.data.size(0));
       local.add("loss", loss_value * n, n);
-      local.add("accuracy", output.argmax(1).eq(batch.target).sum().item<double>(), n);
+      local.add("accuracy", output.argmax(1).eq(target).sum().item<double>(), n);
       bar.update(sampler.state().consumed, label, loss_value);
     }
     const auto global = local.all_reduce();  // also waits for the slowest rank
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     bar.finish();
-    const auto tested = evaluate(*net, test, options.batch_size);
+    const auto tested = evaluate(*net, test, options.batch_size, device);
     if (leader) {
       std::printf("%s: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% (%.0f samples) | %.0f samples/s, %.1f s\n",
                   label.c_str(), global.mean("loss"), 100 * global.mean("accuracy"), tested.mean("loss"),
@@ -373,6 +403,9 @@ int main(int argc, char** argv) {
       ->check(examples::whole_number(1, 1 << 20));
   app.add_option("--powersgd-start-iter", options.powersgd_start_iter,
                  "steps of plain allreduce before PowerSGD starts (> 1)")->check(examples::whole_number(2, 1 << 30));
+  app.add_option("--device", options.device,
+                 "where the model and batches live: cpu, cuda (this rank's GPU: LOCAL_RANK modulo the GPUs) or cuda:N")
+      ->check(device_flag());
   app.add_flag("--zero", options.zero,
                "shard Adam's state over the ranks (ZeroRedundancyOptimizer, ZeRO stage 1): the same updates, about "
                "1/world of the optimizer memory per rank");

@@ -346,6 +346,8 @@ case $mode in
       echo "refused '${*:1:$#-1}': $(head -n1 <<<"$out")"
     }
     refused --timeout nan "^--timeout: must be a finite number of seconds from 1 to 604800, got 'nan'$"
+    refused --device tpu "^--device: must be cpu, cuda or cuda:N, got 'tpu'$"
+    refused --device cuda:99 "^--device: ('cuda:99' needs a CUDA GPU, and this process sees none \\(use cpu\\)|'cuda:99': the GPUs this process sees are cuda:0 to cuda:[0-9]+)$"
     lr_rule="must be a finite number above 0 and at most 1e\\+37 \\(Adam's first step, 10 x lr, must fit the parameters' 32-bit floats\\)"
     refused --lr inf "^--lr: $lr_rule, got 'inf'$"
     refused --lr nan "^--lr: $lr_rule, got 'nan'$"
