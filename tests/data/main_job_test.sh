@@ -276,7 +276,9 @@ case $mode in
       echo "SKIP: util-linux 'script' is not installed, so no terminal can be given to ddprun"
       exit 77
     fi
-    bar='epoch 1/1 \[#{30}\] 100% loss [0-9.]+'
+    # Any state of the bar: ddprun shows the latest redraw it has read, and the last one (100%) can
+    # reach it in one read with the clear that follows, which then leaves nothing to show.
+    bar='epoch 1/1 \[#*\.*\] +[0-9]+% loss [0-9.]+'
     job=(env -u _STDBUF_O -u LD_PRELOAD -u DDPRUN_TERMINAL "$ddprun" --standalone --nproc-per-node 2 --
          "$train" --epochs 1 "${small[@]}")
     cmd=$(printf '%q ' "${job[@]}")
