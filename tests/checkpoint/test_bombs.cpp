@@ -1,4 +1,4 @@
-// Small files that would take gigabytes to load (issue 39): a deflated data.pkl of 1 GiB, code
+// Small files that would take gigabytes to load: a deflated data.pkl of 1 GiB, code
 // records of 1 GiB each in the optimizer's archive, sparse files of 6 and 50 GiB. Each is built
 // here, loaded in a child process, and refused with its message while the child's peak resident
 // set (ru_maxrss, from wait4) stays under 400 MiB; a normal load peaks near 165 MiB with LibTorch

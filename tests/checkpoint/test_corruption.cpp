@@ -409,7 +409,7 @@ TEST_F(Corruption, TheMetaDeviceIsRefusedAsAPlaceForTensors) {
             "puts it: " + no_data);
 }
 
-// LibTorch's text after our own is cut to its first line (issue 39: a cuda:99 map on a CPU-only
+// LibTorch's text after our own is cut to its first line (before: a cuda:99 map on a CPU-only
 // machine appended the dispatcher's whole list of backends, "If you are a Facebook employee ...").
 TEST_F(Corruption, LibTorchsTextIsCutToItsFirstLine) {
   ToyModel target;
@@ -444,7 +444,7 @@ TEST_F(Corruption, NonFiniteWeightsAreRefused) {
                                              "it is not loaded");
 }
 
-// Adam's moments NaN, or shaped unlike their parameter (issue 39: NaN loaded and trained on; a
+// Adam's moments NaN, or shaped unlike their parameter (before: NaN loaded and trained on; a
 // wrong shape loaded, and the rank died at step() with LibTorch's text naming neither the file
 // nor the parameter). Both refused at load, naming the file and the parameter.
 TEST_F(Corruption, NonFiniteOrMisshapenOptimizerStateIsRefused) {

@@ -133,7 +133,7 @@ TEST(CrashSafety, KillNineDuringWritesAlwaysLeavesALoadableCheckpoint) {
 
 // What a save sweeps: its own temporary files (".torchddp-tmp.<pid>.<name>") of processes that no
 // longer exist, and nothing else: a file merely named "<anything>.tmp.<digits>" is not ours
-// (issue 39: notes.tmp.999999 beside a checkpoint was deleted), nor one of another user.
+// (before: notes.tmp.999999 beside a checkpoint was deleted), nor one of another user.
 TEST(CrashSafety, ASaveRemovesTheTemporaryFilesOfDeadWritersOnly) {
   const std::string dir = ddp::test::make_temp_dir("ckpt-orphans");
   const pid_t gone = fork();

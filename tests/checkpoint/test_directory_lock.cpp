@@ -1,4 +1,4 @@
-// Two jobs given one checkpoint directory (issue 39: they overwrote and pruned each other's
+// Two jobs given one checkpoint directory (before: they overwrote and pruned each other's
 // checkpoint-<step>.pt while both ran): the second job's save is refused, naming the first; a
 // lock whose process has ended is taken over; processes of one run share it.
 #ifndef _WIN32

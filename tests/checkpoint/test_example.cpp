@@ -89,7 +89,7 @@ TEST(CheckpointExample, ANodeThatIsNoRegularFileIsRefusedAndKept) {
 }
 
 // Without a path, the checkpoint goes into a new directory only this user may enter, removed at
-// the end (issue 39: $TMPDIR/torchddp_model.checkpoint in world-writable /tmp, where another user's
+// the end (before: $TMPDIR/torchddp_model.checkpoint in world-writable /tmp, where another user's
 // link made a root run overwrite root's file).
 TEST(CheckpointExample, TheDefaultPathIsInAPrivateDirectoryOfItsOwn) {
   const std::string temp = std::filesystem::temp_directory_path().string();
