@@ -161,7 +161,7 @@ TEST_F(SaveTarget, SomethingAtTheTemporaryPathIsNotTouched) {
   expect_only({"ckpt.pt"});
 }
 
-// A replaced file keeps its mode, and its owner where the saving process may give it (issue 39:
+// A replaced file keeps its mode, and its owner where the saving process may give it (before:
 // a save through a link turned 0600 into 0644, and a root run left a file of root's).
 TEST_F(SaveTarget, AReplacedFileKeepsItsModeAndOwner) {
   const bool root = ::geteuid() == 0;
