@@ -11,22 +11,18 @@
 #include <set>
 #include <sstream>
 
+#include "number.h"
 #include "options.h"
 
 namespace ddprun {
 namespace {
 
 int parse_slots(const std::string& text, const std::string& where) {
-  size_t used = 0;
-  int slots = 0;
-  try {
-    slots = std::stoi(text, &used);
-  } catch (const std::logic_error&) {
-  }
-  if (text.empty() || used != text.size() || slots < 1 || slots > kMaxRanksPerNode) {
+  const auto slots = parse_number(text, 1, kMaxRanksPerNode);
+  if (!slots) {
     throw UsageError(where + ": slots must be a number from 1 to " + std::to_string(kMaxRanksPerNode) + " (got '" + text + "')");
   }
-  return slots;
+  return static_cast<int>(*slots);
 }
 
 void check_name(const std::string& name, const std::string& where) {

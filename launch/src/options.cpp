@@ -11,9 +11,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <regex>
 #include <algorithm>
 
+#include "number.h"
 #include "process.h"
 
 namespace ddprun {
@@ -60,20 +62,14 @@ int parse_nproc(const std::string& text) {
     }
     return gpus;
   }
-  try {
-    size_t used = 0;
-    const int value = std::stoi(text, &used);
-    if (used == text.size()) {
-      if (value < 1) throw UsageError("--nproc-per-node must be at least 1 (got " + text + ")");
-      if (value > kMaxRanksPerNode) {
-        throw UsageError("--nproc-per-node " + text + " is more than " + std::to_string(kMaxRanksPerNode) +
-                         " ranks on one node (each is a process with its own pipes): use more nodes");
-      }
-      return value;
-    }
-  } catch (const std::logic_error&) {
+  const auto value = parse_number(text, std::numeric_limits<int>::min(), std::numeric_limits<int>::max());
+  if (!value) throw UsageError("--nproc-per-node must be a number, 'cpu' or 'gpu' (got '" + text + "')");
+  if (*value < 1) throw UsageError("--nproc-per-node must be at least 1 (got " + text + ")");
+  if (*value > kMaxRanksPerNode) {
+    throw UsageError("--nproc-per-node " + text + " is more than " + std::to_string(kMaxRanksPerNode) +
+                     " ranks on one node (each is a process with its own pipes): use more nodes");
   }
-  throw UsageError("--nproc-per-node must be a number, 'cpu' or 'gpu' (got '" + text + "')");
+  return static_cast<int>(*value);
 }
 
 }  // namespace
@@ -253,17 +249,12 @@ bool parse_options(int argc, char** argv, Options& options) {
     }
     std::stringstream items(filter);
     for (std::string item; std::getline(items, item, ',');) {
-      size_t used = 0;
-      int local = -1;
-      try {
-        local = std::stoi(item, &used);
-      } catch (const std::logic_error&) {
-      }
-      if (used != item.size() || item.empty() || local < 0 || local >= ranks_per_node) {
+      const auto local = parse_number(item, 0, ranks_per_node - 1);
+      if (!local) {
         throw UsageError("--local-ranks-filter: '" + item + "' is not a local rank (valid: 0.." +
                          std::to_string(ranks_per_node - 1) + ", comma-separated)");
       }
-      options.console_ranks.push_back(local);
+      options.console_ranks.push_back(static_cast<int>(*local));
     }
   }
   if (!options.tee && options.log_dir.empty()) {

@@ -1,16 +1,6 @@
 #include "store_protocol.h"
 
-#include <charconv>
-
 namespace ddprun {
-
-std::optional<long long> parse_number(std::string_view text, long long low, long long high) {
-  long long value = 0;
-  const char* end = text.data() + text.size();
-  const auto [stop, error] = std::from_chars(text.data(), end, value);
-  if (text.empty() || error != std::errc() || stop != end || value < low || value > high) return std::nullopt;
-  return value;
-}
 
 void LineReader::append(const char* data, size_t size) {
   if (start_ > 0 && start_ * 2 >= buffer_.size()) {  // keep the buffer small: drop what was read

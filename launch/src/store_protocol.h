@@ -11,14 +11,12 @@
 #include <string>
 #include <string_view>
 
+#include "number.h"
+
 namespace ddprun {
 
 constexpr size_t kMaxStoreLine = 4096;
 constexpr long long kMaxStoreNumber = 1000000000000LL;  // counters and ADD amounts stay within +-1e12
-
-// The whole of `text` as a decimal integer in [low, high]; nullopt for anything else ("", "1x",
-// "+1", "99999999999999999999", out of range).
-std::optional<long long> parse_number(std::string_view text, long long low, long long high);
 
 // Cuts a byte stream into lines. Each byte is scanned once, however the stream arrives; a line
 // longer than kMaxStoreLine marks the stream bad (its connection is dropped).
