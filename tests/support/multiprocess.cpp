@@ -1,8 +1,11 @@
 #include "multiprocess.h"
 
+#include <ftw.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -51,9 +54,15 @@ std::string make_temp_dir(const std::string& prefix) {
   return pattern;
 }
 
+// nftw rather than std::filesystem::remove_all: PyPI's torch 2.11 exports its own copy of
+// remove_all from libtorch.so, which the dynamic linker binds first and which jumps to a null
+// address (seen on the lent GPU machine: every test that cleaned up a temp folder crashed there).
 void remove_tree(const std::string& path) {
-  std::error_code ignored;
-  std::filesystem::remove_all(path, ignored);
+  auto remove_one = [](const char* entry, const struct stat*, int, struct FTW*) {
+    ::remove(entry);  // errors ignored: a temp folder another process already removed is fine
+    return 0;
+  };
+  ::nftw(path.c_str(), remove_one, 16, FTW_DEPTH | FTW_PHYS);  // children first, links not followed
 }
 
 pid_t spawn_worker(const std::string& worker, const std::map<std::string, std::string>& env, const std::string& log) {
