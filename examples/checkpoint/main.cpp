@@ -9,6 +9,7 @@
 //   MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 RANK=0 ./checkpoint_ddp &
 //   MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 WORLD_SIZE=2 RANK=1 ./checkpoint_ddp
 // The file is also a plain state_dict for Python: torch.load(path) returns {"net1.weight": ...}.
+#include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <random>
@@ -91,8 +92,13 @@ int run(int argc, char** argv) {
   }
   ddp::barrier();  // every rank has finished with the file
   if (rank == 0) {
-    if (created) std::filesystem::remove(path);
-    if (!own_directory.empty()) std::filesystem::remove_all(own_directory);  // the file and the lock beside it
+    // std::remove, not std::filesystem::remove_all: PyPI's torch 2.11 exports a broken copy of the
+    // latter from libtorch.so, which a program linked to it calls instead of libstdc++'s.
+    if (created) std::remove(path.c_str());
+    if (!own_directory.empty()) {  // the file and the lock beside it, then the directory
+      for (const auto& entry : std::filesystem::directory_iterator(own_directory)) std::remove(entry.path().string().c_str());
+      std::remove(own_directory.string().c_str());
+    }
     std::cout << "replicas identical (weight checksum " << checksum.item<float>() << ")" << std::endl;
   }
   ddp::destroy_process_group();
