@@ -1,13 +1,16 @@
 // num_replicas and rank left unset come from the default process group (as in PyTorch, where
 // DistributedSampler asks dist.get_world_size() / dist.get_rank()).
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <torch/torch.h>
 
-#include <ddp/distributed_sampler.h>
+#include <ddp/ddp.h>  // all of it, as a user includes it: ddp::make_data_loader must not capture LibTorch's call
 
 #include "multiprocess.h"
 
@@ -61,6 +64,56 @@ TEST(DistributedSampler, UnsetWorldAndRankComeFromTheDefaultGroup) {
   ddp::test::remove_tree(options.shared_dir);
   EXPECT_FALSE(rank0.empty());
   EXPECT_NE(rank0, rank1) << "both ranks got the same shard";
+}
+
+// A dataset whose example is its own index, to see which indices a loader fetched.
+struct OwnIndexDataset : torch::data::datasets::Dataset<OwnIndexDataset, int64_t> {
+  explicit OwnIndexDataset(size_t n) : n(n) {}
+  int64_t get(size_t index) override { return static_cast<int64_t>(index); }
+  c10::optional<size_t> size() const override { return n; }
+  size_t n;
+};
+
+template <typename Loader>
+std::vector<size_t> indices_fetched(Loader& loader) {
+  std::vector<size_t> indices;
+  for (auto& batch : loader) {
+    for (int64_t index : batch) indices.push_back(static_cast<size_t>(index));
+  }
+  return indices;
+}
+
+// LibTorch's own forms with <ddp/ddp.h> included: make_data_loader<ddp::DistributedSampler>(dataset,
+// batch size or options) makes the sampler from the dataset's size (world and rank from the
+// default group), and make_data_loader(dataset, sampler, options) takes ours; both are LibTorch's
+// loader (not ddp::DataLoader) and give this rank PyTorch's shard.
+DDP_WORKER(libtorch_loader_forms) {
+  auto pg = ddp::test::worker_init();
+  const int64_t rank = ddp::get_rank();
+  const auto expected = ddp::distributed_indices(11, 2, rank, true, 0, 0, false);
+  auto by_size = torch::data::make_data_loader<ddp::DistributedSampler>(OwnIndexDataset(11), 4);
+  static_assert(std::is_same_v<decltype(by_size),
+                               std::unique_ptr<torch::data::StatelessDataLoader<OwnIndexDataset, ddp::DistributedSampler>>>,
+                "LibTorch's call must build LibTorch's loader");
+  require(indices_fetched(*by_size) == expected, "make_data_loader<ddp::DistributedSampler>(dataset, 4) fetched " +
+                                             join(indices_fetched(*by_size)) + "expected " + join(expected));
+  auto with_options = torch::data::make_data_loader<ddp::DistributedSampler>(
+      OwnIndexDataset(11), torch::data::DataLoaderOptions().batch_size(3));
+  require(indices_fetched(*with_options) == expected, "make_data_loader<ddp::DistributedSampler>(dataset, options) differs");
+  ddp::DistributedSampler sampler(11, ddp::DistributedSamplerOptions().seed(5));
+  auto with_sampler = torch::data::make_data_loader(OwnIndexDataset(11), sampler, torch::data::DataLoaderOptions(2));
+  sampler.set_epoch(1);
+  const auto epoch1 = ddp::distributed_indices(11, 2, rank, true, 5, 1, false);
+  require(indices_fetched(*with_sampler) == epoch1, "make_data_loader(dataset, sampler, options) fetched " +
+                                                join(indices_fetched(*with_sampler)) + "expected " + join(epoch1));
+  // And ours, spelled ddp::, is still ours.
+  auto ours = ddp::make_data_loader(OwnIndexDataset(11), ddp::DistributedSampler(11), 4);
+  static_assert(std::is_same_v<decltype(ours), std::unique_ptr<ddp::DataLoader<OwnIndexDataset>>>);
+  require(indices_fetched(*ours) == expected, "ddp::make_data_loader fetched " + join(indices_fetched(*ours)));
+}
+
+TEST(DistributedSampler, LibTorchsOwnLoaderFormsWorkWithTheWholeLibraryIncluded) {
+  EXPECT_WORKERS_OK(ddp::test::run_workers("libtorch_loader_forms", 2));
 }
 
 }  // namespace

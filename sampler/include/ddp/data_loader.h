@@ -106,12 +106,22 @@ class DataLoader {
   std::unique_ptr<Inner> inner_;
 };
 
+namespace detail {
+// ddp::make_data_loader is an object rather than a function so that argument-dependent lookup
+// never finds it: LibTorch's make_data_loader<Sampler>(dataset, options) calls make_data_loader
+// unqualified with the sampler it made, and a function of this namespace taking a
+// DistributedSampler would be chosen over LibTorch's and return the wrong type.
+struct MakeDataLoader {
+  template <typename Dataset>
+  std::unique_ptr<DataLoader<Dataset>> operator()(Dataset dataset, DistributedSampler sampler,
+                                                  torch::data::DataLoaderOptions options) const {
+    return std::make_unique<DataLoader<Dataset>>(std::move(dataset), std::move(sampler), std::move(options));
+  }
+};
+}  // namespace detail
+
 // torch::data::make_data_loader(dataset, sampler, options) with a DistributedSampler, whose state()
 // then counts the batches the program received (see above). `options` may be a batch size.
-template <typename Dataset>
-std::unique_ptr<DataLoader<Dataset>> make_data_loader(Dataset dataset, DistributedSampler sampler,
-                                                      torch::data::DataLoaderOptions options) {
-  return std::make_unique<DataLoader<Dataset>>(std::move(dataset), std::move(sampler), std::move(options));
-}
+inline constexpr detail::MakeDataLoader make_data_loader{};
 
 }  // namespace ddp
