@@ -565,3 +565,56 @@ TEST(ProcessGroupBadInput, NoDefaultGroup) {
 }
 
 }  // namespace
+
+namespace {
+
+// Plain numbers and vectors of them, summed (or min/max) in place; the reference is the closed
+// form of what the ranks hold. With TORCHDDP_SHM=0 the same goes over Gloo.
+DDP_WORKER(numbers) {
+  ddp::test::worker_init();
+  const int rank = ddp::get_rank();
+  const int world = ddp::get_world_size();
+  double loss = rank + 0.25;
+  ddp::all_reduce(loss);
+  require(loss == world * (world - 1) / 2.0 + 0.25 * world, "double sum: " + std::to_string(loss));
+  float half = 0.5f * static_cast<float>(rank + 1);
+  ddp::all_reduce(half);
+  require(half == 0.25f * static_cast<float>(world * (world + 1)), "float sum: " + std::to_string(half));
+  size_t correct = 10 * static_cast<size_t>(rank) + 7;
+  ddp::all_reduce(correct);
+  require(correct == static_cast<size_t>(5 * world * (world - 1) + 7 * world), "size_t sum: " + std::to_string(correct));
+  int64_t big = (int64_t{1} << 40) * (rank + 1);  // beyond float's and int32's exact range
+  ddp::all_reduce(big);
+  require(big == (int64_t{1} << 40) * world * (world + 1) / 2, "int64 sum: " + std::to_string(big));
+  int lowest = rank + 3;
+  ddp::all_reduce(lowest, c10d::ReduceOp::MIN);
+  require(lowest == 3, "int min: " + std::to_string(lowest));
+  std::vector<double> sums{static_cast<double>(rank), 1.0};
+  ddp::all_reduce(sums);
+  require(sums == std::vector<double>{world * (world - 1) / 2.0, static_cast<double>(world)}, "vector<double> sum");
+  std::vector<size_t> highest{static_cast<size_t>(rank), 5};
+  ddp::all_reduce(highest, c10d::ReduceOp::MAX);
+  require(highest == std::vector<size_t>{static_cast<size_t>(world - 1), 5}, "vector<size_t> max");
+  std::vector<float> none;
+  ddp::all_reduce(none);  // nothing to exchange
+  size_t huge = std::numeric_limits<size_t>::max();
+  try {
+    ddp::all_reduce(huge);
+    require(false, "a size_t above INT64_MAX was summed");
+  } catch (const std::out_of_range& error) {
+    ddp::test::require_mentions(error.what(), "does not fit the int64", "the refusal");
+  }
+  // The group still agrees after the refusal (nothing was sent).
+  int after = 1;
+  ddp::all_reduce(after);
+  require(after == world, "a collective after the refusal: " + std::to_string(after));
+}
+TEST(ProcessGroup, NumbersAndVectorsOfThemAllReduceInPlace) {
+  EXPECT_WORKERS_OK(ddp::test::run_workers("numbers", 2));
+  EXPECT_WORKERS_OK(ddp::test::run_workers("numbers", 3));
+  ddp::test::RunOptions gloo;
+  gloo.env["TORCHDDP_SHM"] = "0";
+  EXPECT_WORKERS_OK(ddp::test::run_workers("numbers", 3, gloo));
+}
+
+}  // namespace

@@ -1,5 +1,9 @@
 // The free collectives (torch.distributed's get_rank, barrier, all_reduce, ...) and the rules
 // shared by every collective: which device it needs, how a failure reads.
+#include <algorithm>
+#include <type_traits>
+
+#include <ATen/ATen.h>
 #include <torch/cuda.h>
 
 #include <ddp/process_group.h>
@@ -69,6 +73,31 @@ void all_reduce(at::Tensor& tensor, c10d::ReduceOp op, const ProcessGroupPtr& gr
   options.reduceOp = op;
   wait_collective(pg->allreduce(tensors, options), "ddp::all_reduce");
 }
+
+namespace detail {
+namespace {
+// One tensor of the numbers on the group's collective device, reduced, and read back.
+template <typename Wire>
+void all_reduce_wire(std::vector<Wire>& values, c10d::ReduceOp op, const ProcessGroupPtr& group) {
+  if (values.empty()) return;  // nothing to exchange, on every rank alike
+  auto pg = resolve(group);
+  const auto dtype = std::is_same_v<Wire, double> ? at::kDouble : at::kLong;
+  at::Tensor tensor = at::from_blob(values.data(), {static_cast<int64_t>(values.size())}, dtype).clone();
+  const c10::Device device = ddp::collective_device(pg);
+  if (!device.is_cpu()) tensor = tensor.to(device);
+  ddp::all_reduce(tensor, op, pg);
+  const at::Tensor result = tensor.cpu();
+  std::copy_n(result.data_ptr<Wire>(), values.size(), values.begin());
+}
+}  // namespace
+
+void all_reduce_numbers(std::vector<double>& values, c10d::ReduceOp op, const ProcessGroupPtr& group) {
+  all_reduce_wire(values, op, group);
+}
+void all_reduce_numbers(std::vector<int64_t>& values, c10d::ReduceOp op, const ProcessGroupPtr& group) {
+  all_reduce_wire(values, op, group);
+}
+}  // namespace detail
 
 void broadcast(at::Tensor& tensor, int src, const ProcessGroupPtr& group) {
   auto pg = resolve(group);

@@ -7,8 +7,11 @@
 // in the same order on every rank (two threads issuing collectives on one group must agree on an
 // order themselves, as with PyTorch).
 #include <chrono>
+#include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -101,6 +104,46 @@ int get_world_size(const ProcessGroupPtr& group = {});
 void barrier(const ProcessGroupPtr& group = {});
 void all_reduce(at::Tensor& tensor, c10d::ReduceOp op = c10d::ReduceOp::SUM,
                 const ProcessGroupPtr& group = {});
+
+namespace detail {
+template <typename T>
+inline constexpr bool kReducibleNumber = std::is_arithmetic_v<T> && !std::is_same_v<T, bool>;
+// The numbers' collective: floating-point values travel as double, integers as int64.
+void all_reduce_numbers(std::vector<double>& values, c10d::ReduceOp op, const ProcessGroupPtr& group);
+void all_reduce_numbers(std::vector<int64_t>& values, c10d::ReduceOp op, const ProcessGroupPtr& group);
+}  // namespace detail
+
+// The same for plain numbers (double, float, int64_t, size_t, ...) and vectors of them, in place,
+// without packing them into a tensor first: a count of correct predictions or a loss total summed
+// over the ranks. Floating-point values are reduced in double, integers exactly in int64 (an
+// unsigned value above INT64_MAX is refused with std::out_of_range); one collective per call.
+//   size_t correct = ...; double loss_sum = ...;
+//   ddp::all_reduce(correct);                              // SUM over the ranks
+//   std::vector<double> sums{loss_sum, double(seen)};  ddp::all_reduce(sums);
+template <typename T, std::enable_if_t<detail::kReducibleNumber<T>, int> = 0>
+void all_reduce(std::vector<T>& values, c10d::ReduceOp op = c10d::ReduceOp::SUM, const ProcessGroupPtr& group = {}) {
+  using Wire = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+  std::vector<Wire> wire;
+  wire.reserve(values.size());
+  for (const T& value : values) {
+    if constexpr (std::is_unsigned_v<T> && sizeof(T) >= sizeof(int64_t)) {
+      if (value > static_cast<T>(std::numeric_limits<int64_t>::max())) {
+        throw std::out_of_range("ddp::all_reduce: " + std::to_string(value) +
+                                " does not fit the int64 the ranks exchange integers in (at most 2^63 - 1)");
+      }
+    }
+    wire.push_back(static_cast<Wire>(value));
+  }
+  detail::all_reduce_numbers(wire, op, group);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<T>(wire[i]);
+}
+template <typename T, std::enable_if_t<detail::kReducibleNumber<T>, int> = 0>
+void all_reduce(T& value, c10d::ReduceOp op = c10d::ReduceOp::SUM, const ProcessGroupPtr& group = {}) {
+  std::vector<T> values{value};
+  all_reduce(values, op, group);
+  value = values[0];
+}
+
 void broadcast(at::Tensor& tensor, int src = 0, const ProcessGroupPtr& group = {});
 // Rank `src`'s `bytes` on every rank: read on `src`, replaced on the others (two broadcasts, the
 // length then the bytes, on the group's collective_device()). For serialized state.
