@@ -74,8 +74,9 @@
 namespace ddp {
 
 namespace detail {
+class Partition;
 class ZeroOverlap;
-}
+}  // namespace detail
 
 // PyTorch's keyword arguments of ZeroRedundancyOptimizer, chaining like DDPOptions.
 struct ZeroRedundancyOptimizerOptions {
@@ -139,7 +140,7 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   // The partition: for each rank, its parameters (group by group, in the order they are updated).
   // With overlap_with_ddp(true): empty lists until the hook assigned DDP's buckets, then each
   // rank's buckets' parameters in bucket order.
-  const std::vector<std::vector<at::Tensor>>& params_per_rank() const { return params_per_rank_; }
+  std::vector<std::vector<at::Tensor>> params_per_rank() const;
   // The rank that updates `param`; throws std::invalid_argument for a tensor not optimized here.
   int rank_of(const at::Tensor& param) const;
   int rank() const { return rank_; }
@@ -152,6 +153,10 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   // With overlap_with_ddp(true): whether the hook has assigned DDP's buckets to ranks (from then on
   // each backward updates the parameters).
   bool overlap_initialized() const;
+  // For the library's own hook (ddp::hooks::hook_with_zero_step): the overlap_with_ddp half, which
+  // works on this optimizer through an interface of its own (zero/overlap.h); null without
+  // overlap_with_ddp(true).
+  const std::shared_ptr<detail::ZeroOverlap>& overlap_half() const { return overlap_; }
 
   // Joinable (ddp::Join): list the DDP model first, then this optimizer. With overlap_with_ddp(true)
   // its shadowing is DDP's: the hook runs in DDP's shadow pass too, so this does nothing.
@@ -168,14 +173,16 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
                               ZeroRedundancyOptimizerOptions options, OptimizerFactory make_optimizer);
 
  private:
-  friend class detail::ZeroOverlap;  // the overlap hook's half (zero/overlap.h)
   struct Buckets;
+  class OverlapHost;  // what the overlap half may do to this optimizer (zero/overlap.h)
   void require_overlap_initialized(const char* method) const;
   void partition();
   void build_buckets();
   void broadcast_shards();
   at::Tensor step_shard(const LossClosure& closure);
   std::vector<torch::optim::OptimizerParamGroup> groups_of_rank(int rank) const;
+  std::vector<at::Tensor> params_of(int rank) const;
+  std::vector<at::Tensor> params_of(int rank, size_t group) const;
   std::unique_ptr<torch::optim::Optimizer> whole_state_optimizer() const;
 
   ZeroRedundancyOptimizerOptions options_;
@@ -183,9 +190,8 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   ProcessGroupPtr group_;
   int rank_ = 0;
   int world_size_ = 1;
-  // params_per_group_per_rank_[r][g]: rank r's parameters of group g.
-  std::vector<std::vector<std::vector<at::Tensor>>> params_per_group_per_rank_;
-  std::vector<std::vector<at::Tensor>> params_per_rank_;
+  // The owner of every parameter of param_groups_ (zero/partition.h).
+  std::unique_ptr<detail::Partition> partition_;
   std::vector<bool> trainable_;  // requires_grad of every parameter when the buckets were built
   std::unique_ptr<Buckets> buckets_;
   std::unique_ptr<torch::optim::Optimizer> local_;

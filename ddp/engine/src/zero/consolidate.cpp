@@ -132,7 +132,7 @@ void ZeroRedundancyOptimizerBase::load(torch::serialize::InputArchive& archive) 
   auto& loaded = whole->state();
   auto& mine = local_->state();
   mine.clear();
-  for (const auto& param : params_per_rank_[static_cast<size_t>(rank_)]) {
+  for (const auto& param : params_of(rank_)) {
     const auto found = loaded.find(compat::optimizer_state_key(loaded, param));
     if (found == loaded.end()) continue;  // never stepped when saved: no state yet
     detail::move_state_tensors(*found->second, param.device());

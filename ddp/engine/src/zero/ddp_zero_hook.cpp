@@ -87,7 +87,7 @@ CommHook zero_step_hook(CommHook hook, const DDPCore& ddp, ZeroRedundancyOptimiz
                                  "bucket_cap_mb_auto changes DDP's buckets after their rebuild, and each "
                                  "bucket's parameters belong to one rank: use a fixed bucket_cap_mb");
   }
-  auto overlap = ZeroOverlap::of(zero);
+  auto overlap = zero.overlap_half();  // present: overlap_with_ddp was checked above
   overlap->attach_hook(name, shard_buckets);
   auto state = std::make_shared<ZeroHookState>(
       ZeroHookState{hook, &ddp, std::move(overlap), interleaved, timeout_of(group), {}});

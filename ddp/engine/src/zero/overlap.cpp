@@ -9,8 +9,6 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include <ddp/zero_redundancy_optimizer.h>
-
 #include "error_text.h"
 #include "zero/partition.h"
 #include "zero/shard_tensors.h"
@@ -43,19 +41,14 @@ class LendGradients {
 
 }  // namespace
 
-ZeroRedundancyOptimizerBase& ZeroOverlap::zero() const {
-  if (zero_ == nullptr) {
+ZeroOverlapHost& ZeroOverlap::host() const {
+  if (!host_) {
     raise<std::runtime_error>(kZeroWho,
                               "the optimizer this hook_with_zero_step steps was destroyed while the "
                               "DistributedDataParallel model it is registered on still trains; keep the "
                               "optimizer alive as long as the model");
   }
-  return *zero_;
-}
-
-std::shared_ptr<ZeroOverlap> ZeroOverlap::of(ZeroRedundancyOptimizerBase& zero) {
-  if (!zero.overlap_) raise<std::invalid_argument>(kZeroWho, "constructed without overlap_with_ddp(true)");
-  return zero.overlap_;
+  return *host_;
 }
 
 void ZeroOverlap::begin_pass() { broadcasts_.clear(); }
@@ -72,12 +65,8 @@ void ZeroOverlap::attach_hook(const std::string& hook_name, bool shard_buckets) 
 
 // The partition starts empty: this rank's local optimizer gets its pieces' parameters as they come.
 void ZeroOverlap::start_assignment() {
-  ZeroRedundancyOptimizerBase& z = zero();
+  host().unassign_all();
   buckets_.clear();
-  for (auto& params : z.params_per_rank_) params.clear();
-  for (auto& groups : z.params_per_group_per_rank_) groups[0].clear();
-  z.local_->param_groups()[0].params().clear();
-  z.local_->state().clear();
   status_ = shard_buckets_ ? Status::kRecording : Status::kAssigning;
 }
 
@@ -85,26 +74,27 @@ bool ZeroOverlap::assign(const GradBucket& bucket) {
   const bool first_pass = status_ == Status::kAssigning || status_ == Status::kRecording;
   if (status_ == Status::kUninitialized || (first_pass && bucket.index() == 0)) start_assignment();
   if (status_ == Status::kInitialized) return true;
-  ZeroRedundancyOptimizerBase& z = zero();
   if (bucket.index() != buckets_.size()) {
     raise<std::logic_error>(kZeroWho, "DDP bucket " + std::to_string(bucket.index()) + " came before bucket " +
                                           std::to_string(buckets_.size()) + " (a bug: buckets come in order)");
   }
-  const auto& mine = z.param_groups_[0].params();
+  const auto& mine = host().params();
+  std::vector<size_t> positions;
   for (size_t k = 0; k < bucket.parameters().size(); ++k) {
-    bool found = false;
-    for (const auto& p : mine) found = found || p.is_same(bucket.parameters()[k]);
-    if (!found) {
+    const auto found = std::find_if(mine.begin(), mine.end(),
+                                    [&](const at::Tensor& p) { return p.is_same(bucket.parameters()[k]); });
+    if (found == mine.end()) {
       raise<std::invalid_argument>(kZeroWho, "parameter " + std::to_string(bucket.parameter_indices()[k]) +
                                                  " of the model (in DDP bucket " + std::to_string(bucket.index()) +
                                                  ") is not one of the optimizer's parameters; construct it over "
                                                  "model.parameters()");
     }
+    positions.push_back(static_cast<size_t>(found - mine.begin()));
   }
-  buckets_.push_back({bucket.parameters(), bucket.offsets(), {}});
+  buckets_.push_back({bucket.parameters(), std::move(positions), bucket.offsets(), {}});
   if (status_ == Status::kAssigning) {
     // PyTorch's rule: bucket i belongs to rank i % W.
-    give(bucket.index(), static_cast<int>(bucket.index() % static_cast<size_t>(z.world_size_)), 0,
+    give(bucket.index(), static_cast<int>(bucket.index() % static_cast<size_t>(group_->getSize())), 0,
          bucket.parameters().size());
     return true;
   }
@@ -125,7 +115,7 @@ void ZeroOverlap::shard_recorded_buckets() {
     numels.emplace_back();
     for (const auto& param : bucket.params) numels.back().push_back(param.numel());
   }
-  for (const BucketPiece& piece : shard_buckets(numels, zero().world_size_)) {
+  for (const BucketPiece& piece : shard_buckets(numels, group_->getSize())) {
     give(piece.bucket, piece.rank, piece.first, piece.end);
   }
 }
@@ -134,7 +124,7 @@ void ZeroOverlap::shard_recorded_buckets() {
 // broadcast whole from `rank` (PyTorch's _build_ddp_param_buckets); `rank`'s shard gains them.
 // Their gradients are final for this pass, so nothing reads their data now.
 void ZeroOverlap::give(size_t b, int rank, size_t first, size_t end) {
-  ZeroRedundancyOptimizerBase& z = zero();
+  ZeroOverlapHost& optimizer = host();
   Bucket& bucket = buckets_[b];
   Piece piece;
   piece.rank = rank;
@@ -142,48 +132,34 @@ void ZeroOverlap::give(size_t b, int rank, size_t first, size_t end) {
   piece.params.assign(bucket.params.begin() + static_cast<std::ptrdiff_t>(first),
                       bucket.params.begin() + static_cast<std::ptrdiff_t>(end));
   piece.flat = flatten_as_views(piece.params);
-  auto& owned = z.params_per_rank_[static_cast<size_t>(rank)];
-  owned.insert(owned.end(), piece.params.begin(), piece.params.end());
-  auto& group = z.params_per_group_per_rank_[static_cast<size_t>(rank)][0];
-  group.insert(group.end(), piece.params.begin(), piece.params.end());
-  if (rank == z.rank_) {
-    auto& local = z.local_->param_groups()[0].params();
-    local.insert(local.end(), piece.params.begin(), piece.params.end());
-  }
+  optimizer.assign({bucket.positions.begin() + static_cast<std::ptrdiff_t>(first),
+                    bucket.positions.begin() + static_cast<std::ptrdiff_t>(end)},
+                   rank);
   auto at = std::find_if(bucket.pieces.begin(), bucket.pieces.end(), [&](const Piece& p) { return p.rank > rank; });
   bucket.pieces.insert(at, std::move(piece));
 }
 
-// The local optimizer steps this rank's piece(s) of the bucket only: its group holds them for the
-// call (the state is keyed by parameter, so each keeps its own), with the group options a
-// scheduler set.
+// The local optimizer steps this rank's piece(s) of the bucket only, each with its slice of the
+// bucket's average lent as its parameters' gradients.
 void ZeroOverlap::step(size_t b, const at::Tensor& average) {
-  ZeroRedundancyOptimizerBase& z = zero();
+  ZeroOverlapHost& optimizer = host();
   const Bucket& bucket = buckets_.at(b);
   for (const Piece& piece : bucket.pieces) {
-    if (piece.rank != z.rank_) continue;
+    if (piece.rank != group_->getRank()) continue;
     std::vector<at::Tensor> grads;
     for (size_t k = 0; k < piece.params.size(); ++k) {
       const at::Tensor& param = piece.params[k];
       grads.push_back(average.narrow(0, bucket.offsets[piece.first + k], param.numel()).view(param.sizes()));
     }
     LendGradients lent(piece.params, std::move(grads));
-    auto& group = z.local_->param_groups()[0];
-    group.set_options(z.param_groups_[0].options().clone());
-    std::vector<at::Tensor> all = std::exchange(group.params(), piece.params);
-    struct Restore {
-      std::vector<at::Tensor>& params;
-      std::vector<at::Tensor>& all;
-      ~Restore() { params = std::move(all); }
-    } restore{group.params(), all};
-    z.local_->step();
+    optimizer.step_only(piece.params);
   }
 }
 
 void ZeroOverlap::broadcast(size_t b) {
-  ZeroRedundancyOptimizerBase& z = zero();
+  const int64_t step = host().steps() + 1;
   for (const Piece& piece : buckets_.at(b).pieces) {
-    broadcasts_.launch(z.group_, piece.flat, piece.rank, [b, root = piece.rank, step = z.steps_ + 1] {
+    broadcasts_.launch(group_, piece.flat, piece.rank, [b, root = piece.rank, step] {
       return std::string(kZeroWho) + ": broadcast of DDP bucket " + std::to_string(b) + "'s parameters from rank " +
              std::to_string(root) + " (overlap_with_ddp, step " + std::to_string(step) + ")";
     });
@@ -194,7 +170,7 @@ void ZeroOverlap::broadcast(size_t b) {
 void ZeroOverlap::finish_pass() {
   broadcasts_.wait_all();
   status_ = Status::kInitialized;
-  ++zero().steps_;
+  host().count_step();
 }
 
 }  // namespace ddp::detail

@@ -13,22 +13,41 @@
 // between backward passes (status(), through the optimizer's methods). The hook runner's handoff
 // orders the two.
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <ddp/comm_hooks.h>
+#include <ddp/process_group.h>
 
 #include "zero/shard_tensors.h"
 
-namespace ddp {
-class ZeroRedundancyOptimizerBase;
-}
-
 namespace ddp::detail {
+
+// What the overlap half may do to its optimizer. ZeroRedundancyOptimizerBase implements it in a
+// private class of its own, so the optimizer alone keeps its partition and its local optimizer in
+// agreement.
+class ZeroOverlapHost {
+ public:
+  virtual ~ZeroOverlapHost() = default;
+  // The optimizer's one parameter group's parameters.
+  virtual const std::vector<at::Tensor>& params() const = 0;
+  // A new assignment: no parameter has an owner; the local optimizer holds none, and no state.
+  virtual void unassign_all() = 0;
+  // The parameters at `positions` of the group to `rank`, after those it has (the local optimizer
+  // gains this rank's).
+  virtual void assign(const std::vector<size_t>& positions, int rank) = 0;
+  // The local optimizer steps `params` (this rank's) alone, with the group's current options.
+  virtual void step_only(const std::vector<at::Tensor>& params) = 0;
+  // The optimizer's step count (what save() checks a consolidation against); a pass adds one.
+  virtual int64_t steps() const = 0;
+  virtual void count_step() = 0;
+};
 
 class ZeroOverlap {
  public:
@@ -41,13 +60,12 @@ class ZeroOverlap {
     kInitialized,    // every bucket has its owner(s)
   };
 
-  explicit ZeroOverlap(ZeroRedundancyOptimizerBase& zero) : zero_(&zero) {}
-  // The optimizer's overlap half; throws std::invalid_argument when it has none.
-  static std::shared_ptr<ZeroOverlap> of(ZeroRedundancyOptimizerBase& zero);
+  // `group`: the optimizer's, whose ranks own the buckets.
+  ZeroOverlap(std::unique_ptr<ZeroOverlapHost> host, ProcessGroupPtr group)
+      : host_(std::move(host)), group_(std::move(group)) {}
 
-  // The optimizer, or a std::runtime_error when it was destroyed while its hook lives on.
-  ZeroRedundancyOptimizerBase& zero() const;
-  void forget_optimizer() { zero_ = nullptr; }
+  // The optimizer is being destroyed (its hook may outlive it): later passes throw.
+  void forget_optimizer() { host_.reset(); }
   // One hook per optimizer: the first call marks it taken; later ones throw std::invalid_argument.
   void attach_hook(const std::string& hook_name, bool shard_buckets);
   bool hook_attached() const { return !hook_name_.empty(); }
@@ -76,14 +94,18 @@ class ZeroOverlap {
   };
   struct Bucket {
     std::vector<at::Tensor> params;
-    std::vector<int64_t> offsets;  // of each parameter's gradient in the bucket's flat buffer
-    std::vector<Piece> pieces;     // by ascending rank
+    std::vector<size_t> positions;  // of each parameter in the optimizer's group
+    std::vector<int64_t> offsets;   // of each parameter's gradient in the bucket's flat buffer
+    std::vector<Piece> pieces;      // by ascending rank
   };
   void start_assignment();
   void give(size_t bucket, int rank, size_t first, size_t end);
   void shard_recorded_buckets();
+  // The optimizer's side, or a std::runtime_error when it was destroyed while its hook lives on.
+  ZeroOverlapHost& host() const;
 
-  ZeroRedundancyOptimizerBase* zero_;
+  std::unique_ptr<ZeroOverlapHost> host_;
+  ProcessGroupPtr group_;
   std::string hook_name_;
   bool shard_buckets_ = false;
   Status status_ = Status::kUninitialized;

@@ -1,6 +1,7 @@
 // Sorted greedy: the largest parameters first, each to the least loaded rank. Partitioning group
 // after group (with the load counted across groups) keeps every earlier group's owners when a
-// group is added: add_param_group moves no state. Then the overlap's cut of DDP's buckets.
+// group is added: add_param_group moves no state. Then the Partition that records the owners, and
+// the overlap's cut of DDP's buckets.
 #include "zero/partition.h"
 
 #include <algorithm>
@@ -27,6 +28,48 @@ std::vector<std::vector<int>> partition_parameters(const std::vector<std::vector
     owner.push_back(std::move(owners));
   }
   return owner;
+}
+
+Partition::Partition(const std::vector<size_t>& group_sizes) {
+  for (size_t size : group_sizes) slots_.emplace_back(size);
+}
+
+Partition Partition::greedy(const std::vector<std::vector<int64_t>>& numels, int world_size) {
+  std::vector<size_t> sizes;
+  for (const auto& group : numels) sizes.push_back(group.size());
+  Partition partition(sizes);
+  const auto owners = partition_parameters(numels, world_size);
+  for (size_t g = 0; g < owners.size(); ++g) {
+    for (size_t i = 0; i < owners[g].size(); ++i) partition.assign({g, i}, owners[g][i]);
+  }
+  return partition;
+}
+
+void Partition::assign(Place place, int rank) {
+  Slot& slot = slots_.at(place.group).at(place.position);
+  slot.owner = rank;
+  slot.order = assigned_++;
+}
+
+std::vector<Partition::Place> Partition::of_rank(int rank) const {
+  std::vector<Place> places;
+  for (size_t g = 0; g < slots_.size(); ++g) {
+    for (size_t i = 0; i < slots_[g].size(); ++i) {
+      if (slots_[g][i].owner == rank) places.push_back({g, i});
+    }
+  }
+  std::sort(places.begin(), places.end(), [&](const Place& a, const Place& b) {
+    return slots_[a.group][a.position].order < slots_[b.group][b.position].order;
+  });
+  return places;
+}
+
+std::vector<size_t> Partition::of_rank(int rank, size_t group) const {
+  std::vector<size_t> positions;
+  for (const Place& place : of_rank(rank)) {
+    if (place.group == group) positions.push_back(place.position);
+  }
+  return positions;
 }
 
 std::vector<BucketPiece> shard_buckets(const std::vector<std::vector<int64_t>>& numels, int world_size) {

@@ -1,6 +1,8 @@
 // ZeRO's partition on sizes alone, against assignments worked out by hand from PyTorch's rule.
 #include <algorithm>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -37,6 +39,41 @@ TEST(ZeroPartition, AddingAGroupKeepsTheEarlierOwners) {
   // Group 0: 50 -> 0, 20 -> 1, 20 -> 2, 10 -> 1: loads 50 | 30 | 20. Then 30 -> 2 (50 | 30 | 50)
   // and 5 -> 1.
   EXPECT_EQ(after.back(), (std::vector<int>{2, 1}));
+}
+
+// --- Partition ----------------------------------------------------------------------------------
+
+using ddp::detail::Partition;
+using Places = std::vector<std::pair<size_t, size_t>>;
+
+Places places_of(const Partition& partition, int rank) {
+  Places places;
+  for (const auto& place : partition.of_rank(rank)) places.emplace_back(place.group, place.position);
+  return places;
+}
+
+TEST(ZeroPartition, GreedyRecordsTheOwnersAndEachRankUpdatesInGroupOrder) {
+  // The owners of LoadCarriesAcrossGroupsAndTiesGoToTheLowestRank: {{0, 1}, {2, 1}}.
+  const auto partition = Partition::greedy({{8, 4}, {4, 4}}, 3);
+  EXPECT_EQ(partition.owner({1, 0}), 2);
+  EXPECT_EQ(places_of(partition, 0), (Places{{0, 0}}));
+  EXPECT_EQ(places_of(partition, 1), (Places{{0, 1}, {1, 1}}));
+  EXPECT_EQ(places_of(partition, 2), (Places{{1, 0}}));
+  EXPECT_EQ(partition.of_rank(1, 1), (std::vector<size_t>{1}));
+  EXPECT_TRUE(partition.of_rank(0, 1).empty());
+}
+
+TEST(ZeroPartition, AssignedParametersAreUpdatedInTheOrderTheyCame) {
+  Partition partition({4});
+  EXPECT_EQ(partition.owner({0, 2}), Partition::kNoOwner);
+  EXPECT_TRUE(partition.of_rank(0).empty());
+  // DDP's buckets come in reverse: the overlap gives the last parameters first.
+  partition.assign({0, 3}, 0);
+  partition.assign({0, 2}, 1);
+  partition.assign({0, 0}, 0);
+  EXPECT_EQ(partition.of_rank(0, 0), (std::vector<size_t>{3, 0}));
+  EXPECT_EQ(partition.of_rank(1, 0), (std::vector<size_t>{2}));
+  EXPECT_EQ(partition.owner({0, 1}), Partition::kNoOwner);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <utility>
 
 #include <c10/core/ScalarType.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -96,6 +97,49 @@ struct ZeroRedundancyOptimizerBase::Buckets {
   std::vector<Bucket> buckets;
 };
 
+// What the overlap half (zero/overlap.h) may do to this optimizer: here the partition and the local
+// optimizer's group change together.
+class ZeroRedundancyOptimizerBase::OverlapHost final : public detail::ZeroOverlapHost {
+ public:
+  explicit OverlapHost(ZeroRedundancyOptimizerBase& zero) : zero_(zero) {}
+
+  const std::vector<at::Tensor>& params() const override { return zero_.param_groups_[0].params(); }
+
+  void unassign_all() override {
+    zero_.partition();  // with overlap_with_ddp: every parameter unowned
+    zero_.local_->param_groups()[0].params().clear();
+    zero_.local_->state().clear();
+  }
+
+  void assign(const std::vector<size_t>& positions, int rank) override {
+    auto& local = zero_.local_->param_groups()[0].params();
+    for (size_t i : positions) {
+      zero_.partition_->assign({0, i}, rank);
+      if (rank == zero_.rank_) local.push_back(params()[i]);
+    }
+  }
+
+  // The group holds `params` for the call (the state is keyed by parameter, so each keeps its
+  // own), with the options a scheduler set.
+  void step_only(const std::vector<at::Tensor>& params) override {
+    auto& group = zero_.local_->param_groups()[0];
+    group.set_options(zero_.param_groups_[0].options().clone());
+    std::vector<at::Tensor> all = std::exchange(group.params(), params);
+    struct Restore {
+      std::vector<at::Tensor>& params;
+      std::vector<at::Tensor>& all;
+      ~Restore() { params = std::move(all); }
+    } restore{group.params(), all};
+    zero_.local_->step();
+  }
+
+  int64_t steps() const override { return zero_.steps_; }
+  void count_step() override { ++zero_.steps_; }
+
+ private:
+  ZeroRedundancyOptimizerBase& zero_;
+};
+
 ZeroRedundancyOptimizerBase::ZeroRedundancyOptimizerBase(std::vector<torch::optim::OptimizerParamGroup> param_groups,
                                                          std::unique_ptr<torch::optim::OptimizerOptions> defaults,
                                                          ZeroRedundancyOptimizerOptions options,
@@ -106,7 +150,9 @@ ZeroRedundancyOptimizerBase::ZeroRedundancyOptimizerBase(std::vector<torch::opti
       group_(resolve(options_.process_group())),
       rank_(group_->getRank()),
       world_size_(group_->getSize()) {
-  if (options_.overlap_with_ddp()) overlap_ = std::make_shared<detail::ZeroOverlap>(*this);
+  if (options_.overlap_with_ddp()) {
+    overlap_ = std::make_shared<detail::ZeroOverlap>(std::make_unique<OverlapHost>(*this), group_);
+  }
   partition();
   local_ = make_optimizer_(groups_of_rank(rank_));
   build_buckets();
@@ -116,26 +162,39 @@ ZeroRedundancyOptimizerBase::~ZeroRedundancyOptimizerBase() {
   if (overlap_) overlap_->forget_optimizer();  // its hook may outlive it
 }
 
-// Every rank computes the same partition from the same parameters (detail/partition.h).
+// Every rank computes the same partition from the same parameters (zero/partition.h).
 void ZeroRedundancyOptimizerBase::partition() {
   std::vector<std::vector<int64_t>> numels;
+  std::vector<size_t> sizes;
   for (const auto& group : param_groups_) {
     numels.emplace_back();
     for (const auto& param : group.params()) numels.back().push_back(param.numel());
+    sizes.push_back(group.params().size());
   }
-  const auto owners = detail::partition_parameters(numels, world_size_);
-  params_per_group_per_rank_.assign(static_cast<size_t>(world_size_),
-                                    std::vector<std::vector<at::Tensor>>(param_groups_.size()));
-  params_per_rank_.assign(static_cast<size_t>(world_size_), {});
   // overlap_with_ddp: nothing is owned until the hook assigns DDP's buckets (zero/overlap.h).
-  if (overlap_) return;
-  for (size_t g = 0; g < param_groups_.size(); ++g) {
-    for (size_t i = 0; i < param_groups_[g].params().size(); ++i) {
-      const auto r = static_cast<size_t>(owners[g][i]);
-      params_per_group_per_rank_[r][g].push_back(param_groups_[g].params()[i]);
-      params_per_rank_[r].push_back(param_groups_[g].params()[i]);
-    }
+  partition_ = std::make_unique<detail::Partition>(overlap_ ? detail::Partition(sizes)
+                                                            : detail::Partition::greedy(numels, world_size_));
+}
+
+// Rank `rank`'s parameters in the order it updates them: all of them, or group `group`'s.
+std::vector<at::Tensor> ZeroRedundancyOptimizerBase::params_of(int rank) const {
+  std::vector<at::Tensor> params;
+  for (const auto& place : partition_->of_rank(rank)) {
+    params.push_back(param_groups_[place.group].params()[place.position]);
   }
+  return params;
+}
+
+std::vector<at::Tensor> ZeroRedundancyOptimizerBase::params_of(int rank, size_t group) const {
+  std::vector<at::Tensor> params;
+  for (size_t i : partition_->of_rank(rank, group)) params.push_back(param_groups_[group].params()[i]);
+  return params;
+}
+
+std::vector<std::vector<at::Tensor>> ZeroRedundancyOptimizerBase::params_per_rank() const {
+  std::vector<std::vector<at::Tensor>> per_rank;
+  for (int r = 0; r < world_size_; ++r) per_rank.push_back(params_of(r));
+  return per_rank;
 }
 
 // Rank `rank`'s groups, each with its group's current options (a rank may own none of a group's
@@ -143,15 +202,18 @@ void ZeroRedundancyOptimizerBase::partition() {
 std::vector<torch::optim::OptimizerParamGroup> ZeroRedundancyOptimizerBase::groups_of_rank(int rank) const {
   std::vector<torch::optim::OptimizerParamGroup> groups;
   for (size_t g = 0; g < param_groups_.size(); ++g) {
-    groups.emplace_back(params_per_group_per_rank_[static_cast<size_t>(rank)][g], param_groups_[g].options().clone());
+    groups.emplace_back(params_of(rank, g), param_groups_[g].options().clone());
   }
   return groups;
 }
 
 int ZeroRedundancyOptimizerBase::rank_of(const at::Tensor& param) const {
-  for (int r = 0; r < world_size_; ++r) {
-    for (const auto& owned : params_per_rank_[static_cast<size_t>(r)]) {
-      if (owned.is_same(param)) return r;
+  for (size_t g = 0; g < param_groups_.size(); ++g) {
+    const auto& params = param_groups_[g].params();
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!params[i].is_same(param)) continue;
+      const int owner = partition_->owner({g, i});
+      if (owner != detail::Partition::kNoOwner) return owner;
     }
   }
   raise<std::invalid_argument>(kZeroWho, "rank_of: the tensor is not one of the optimized parameters");
@@ -180,7 +242,7 @@ void ZeroRedundancyOptimizerBase::build_buckets() {
     for (int r = 0; r < world_size_; ++r) {
       std::vector<at::Tensor> members;
       int64_t numel = 0;
-      for (const auto& param : params_per_rank_[static_cast<size_t>(r)]) {
+      for (const auto& param : params_of(r)) {
         if (param.device() != device) continue;
         if (!param.requires_grad()) {
           param.set_data(param.detach().clone());
@@ -209,8 +271,7 @@ void ZeroRedundancyOptimizerBase::add_param_group(const torch::optim::OptimizerP
   // and state and only gains this rank's part of the new group.
   partition();
   const size_t g = param_groups_.size() - 1;
-  local_->add_param_group(torch::optim::OptimizerParamGroup(params_per_group_per_rank_[static_cast<size_t>(rank_)][g],
-                                                            param_groups_[g].options().clone()));
+  local_->add_param_group(torch::optim::OptimizerParamGroup(params_of(rank_, g), param_groups_[g].options().clone()));
   consolidated_.reset();  // it has one group fewer
   build_buckets();
 }
@@ -239,7 +300,7 @@ void ZeroRedundancyOptimizerBase::broadcast_shards() {
     for (const auto& bucket : buckets_->buckets) shards.emplace_back(bucket.root, bucket.flat);
   } else {
     for (int r = 0; r < world_size_; ++r) {
-      for (const auto& param : params_per_rank_[static_cast<size_t>(r)]) shards.emplace_back(r, param.detach());
+      for (const auto& param : params_of(r)) shards.emplace_back(r, param.detach());
     }
   }
   if (shards.empty()) return;  // every parameter frozen: the same on every rank
