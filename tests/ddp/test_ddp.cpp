@@ -330,6 +330,47 @@ DDP_WORKER(signatures) {
 }
 TEST(DDP, AnyForwardSignatureTupleOutputsAndFrozenParameters) { EXPECT_WORKERS_OK(run_workers("signatures", 2)); }
 
+// A plain module on the stack, held by reference (no shared_ptr, no TORCH_MODULE holder), as most
+// of pytorch/examples keep it: training through the wrapper matches one process on the whole
+// batch, and the wrapper trains that very module.
+struct PlainNet : torch::nn::Module {
+  PlainNet() {
+    fc1 = register_module("fc1", torch::nn::Linear(6, 8));
+    fc2 = register_module("fc2", torch::nn::Linear(8, 3));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::relu(fc1(x))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+};
+
+DDP_WORKER(by_reference) {
+  worker_init();
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  torch::manual_seed(rank + 3);  // rank 0's parameters must reach every rank
+  PlainNet net;
+  ddp::DistributedDataParallel model(net);
+  static_assert(std::is_same_v<decltype(model), ddp::DistributedDataParallel<PlainNet>>);
+  require(model.module().get() == &net, "the wrapper does not hold the module it was given");
+  auto reference = std::make_shared<PlainNet>();
+  copy_parameters(net, *reference);
+  torch::optim::SGD optimizer(net.parameters(), 0.1), reference_optimizer(reference->parameters(), 0.1);
+  for (int step = 0; step < 3; ++step) {
+    torch::manual_seed(50 + step);
+    auto x = torch::randn({4 * world, 6}), y = torch::randn({4 * world, 3});
+    optimizer.zero_grad();
+    reference_optimizer.zero_grad();
+    torch::mse_loss(model(x.narrow(0, 4 * rank, 4)), y.narrow(0, 4 * rank, 4)).backward();
+    torch::mse_loss(reference->forward(x), y).backward();
+    expect_same_grads(reference, net.parameters(), "by reference, step " + std::to_string(step));
+    optimizer.step();
+    reference_optimizer.step();
+  }
+  ddp::test::require(torch::allclose(net.fc2->weight, reference->fc2->weight, 1e-5, 1e-6), "weights after 3 steps");
+}
+TEST(DDP, AModuleHeldByReferenceTrainsAsOneProcessOnTheWholeBatch) {
+  EXPECT_WORKERS_OK(run_workers("by_reference", 2));
+  EXPECT_WORKERS_OK(run_workers("by_reference", 3));
+}
+
 // --- errors ---------------------------------------------------------------------------------------
 
 DDP_WORKER(mismatched_models) {

@@ -112,6 +112,17 @@ class DistributedDataParallel : public Joinable {
       : DistributedDataParallel(holder.ptr(), std::move(group), std::move(options)) {}
   explicit DistributedDataParallel(torch::nn::ModuleHolder<ModuleType> holder, DDPOptions options = {})
       : DistributedDataParallel(holder.ptr(), ProcessGroupPtr(), std::move(options)) {}
+  // A module held by reference (`Net net; ddp::DistributedDataParallel model(net);`): the wrapper
+  // does not own it, so `net` must outlive the wrapper; module() then hands out a shared_ptr that
+  // does not own it either. (Templates only so that class template argument deduction takes the
+  // guide below, which admits modules alone, and a ModuleHolder lvalue still deduces its Impl.)
+  template <typename M, std::enable_if_t<std::is_same_v<M, ModuleType>, int> = 0>
+  DistributedDataParallel(M& module, ProcessGroupPtr group, DDPOptions options = {})
+      : DistributedDataParallel(std::shared_ptr<ModuleType>(std::shared_ptr<ModuleType>(), &module), std::move(group),
+                                std::move(options)) {}
+  template <typename M, std::enable_if_t<std::is_same_v<M, ModuleType>, int> = 0>
+  explicit DistributedDataParallel(M& module, DDPOptions options = {})
+      : DistributedDataParallel(module, ProcessGroupPtr(), std::move(options)) {}
 
   // Runs the wrapped module's forward with the same arguments. Before it: buffers from rank 0
   // (broadcast_buffers); after it: the reducer is armed for the coming backward.
@@ -206,5 +217,7 @@ template <typename M, typename... Rest>
 DistributedDataParallel(std::shared_ptr<M>, Rest&&...) -> DistributedDataParallel<M>;
 template <typename M, typename... Rest>
 DistributedDataParallel(torch::nn::ModuleHolder<M>, Rest&&...) -> DistributedDataParallel<M>;
+template <typename M, typename... Rest, std::enable_if_t<std::is_base_of_v<torch::nn::Module, M>, int> = 0>
+DistributedDataParallel(M&, Rest&&...) -> DistributedDataParallel<M>;
 
 }  // namespace ddp
