@@ -26,6 +26,13 @@ Console& console() {
   return instance;
 }
 
+// Off a terminal, how long a progress line may stay unfinished before its state is written as a
+// line, and how often again while it changes: soon enough to see a rank moving, rare enough that
+// an hour-long bar is a few hundred lines, and none for a burst of redraws that ends its line
+// within the second.
+constexpr auto kFirstSnapshot = std::chrono::seconds(1);
+constexpr auto kSnapshotEvery = std::chrono::seconds(10);
+
 // What a terminal shows of text with carriage returns: the part after the last "\r" that is not
 // empty, without erase-to-end-of-line sequences.
 std::string as_shown(const std::string& text) {
@@ -97,7 +104,7 @@ void RankOutput::feed(int stream, const char* data, size_t size) {
   pending.append(data, size);
   size_t start = 0;
   for (size_t newline; (newline = pending.find('\n', start)) != std::string::npos; start = newline + 1) {
-    emit(stream, pending.substr(start, newline - start));
+    end_line(stream, pending.substr(start, newline - start));
   }
   pending.erase(0, start);
   if (pending.find('\r') == std::string::npos) return;  // a plain partial line waits for its "\n"
@@ -106,6 +113,34 @@ void RankOutput::feed(int stream, const char* data, size_t size) {
   // Only what a terminal shows is kept (and a final "\r", after which the next text replaces it),
   // so a bar redrawn for an hour without a newline neither grows nor is rescanned in full per read.
   pending = "\r" + shown + (pending.back() == '\r' ? "\r" : "");
+  if (shows_live(stream)) return;
+  Unfinished& progress = unfinished_[stream];
+  if (!progress.started) {
+    progress.started = true;
+    progress.since = Clock::now();
+  }
+  snapshot_if_due(stream);  // a bar redrawn without pause gets its snapshots here, not from tick()
+}
+
+void RankOutput::tick() {
+  for (int stream : {1, 2}) {
+    if (unfinished_[stream].started) snapshot_if_due(stream);
+  }
+}
+
+bool RankOutput::shows_live(int stream) const { return settings_.tee && console().is_terminal[stream]; }
+
+void RankOutput::snapshot_if_due(int stream) {
+  Unfinished& progress = unfinished_[stream];
+  const std::string shown = as_shown(pending_[stream]);
+  if (shown.empty() || shown == progress.snapshot) return;  // erased, or written already
+  const auto now = Clock::now();
+  const bool due = progress.snapshot.empty() ? now - progress.since >= kFirstSnapshot
+                                             : now - progress.snapshot_at >= kSnapshotEvery;
+  if (!due) return;
+  emit(stream, shown);
+  progress.snapshot = shown;
+  progress.snapshot_at = now;
 }
 
 std::string RankOutput::prefix() const {
@@ -114,7 +149,7 @@ std::string RankOutput::prefix() const {
 
 void RankOutput::show_progress(int stream, const std::string& text) {
   Console& screen = console();
-  if (!settings_.tee || !screen.is_terminal[stream]) return;
+  if (!shows_live(stream)) return;
   const bool ours = screen.live_rank == rank_ && screen.live_stream == stream;
   if (text.empty()) {
     // The rank erased its progress line ("\r\033[K"): so does the console.
@@ -138,9 +173,17 @@ void RankOutput::show_progress(int stream, const std::string& text) {
 // terminal would show of it is nothing (a progress line the rank erased as it ended).
 void RankOutput::finish() {
   for (int stream : {1, 2}) {
-    if (!as_shown(pending_[stream]).empty()) emit(stream, pending_[stream]);
+    if (!as_shown(pending_[stream]).empty()) end_line(stream, pending_[stream]);
     pending_[stream].clear();
+    unfinished_[stream] = Unfinished{};
   }
+}
+
+// A line the rank ended: written, unless a snapshot already wrote exactly what it shows.
+void RankOutput::end_line(int stream, const std::string& raw) {
+  const std::string written = unfinished_[stream].snapshot;
+  unfinished_[stream] = Unfinished{};
+  if (written.empty() || as_shown(raw) != written) emit(stream, raw);
 }
 
 void RankOutput::emit(int stream, const std::string& raw) {

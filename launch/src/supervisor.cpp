@@ -57,8 +57,13 @@ class Round {
     }
 
     auto next_peer_check = Clock::now();
+    // Woken at least twice a second whatever --monitor-interval says: a rank that sleeps with its
+    // progress line unfinished sends nothing, and its snapshot (output.h) is due all the same.
+    const auto wake_every = std::min(std::chrono::milliseconds(static_cast<long long>(options_.monitor_interval_s * 1000)),
+                                     std::chrono::milliseconds(500));
     while (true) {
-      wait_for_activity(std::chrono::milliseconds(static_cast<long long>(options_.monitor_interval_s * 1000)));
+      wait_for_activity(wake_every);
+      for (auto& rank : ranks_) rank.output->tick();
       if (const int signal = stop_signal()) {
         RoundResult result = fail(RoundResult::kInterrupted, "ddprun received signal " + std::to_string(signal), -1,
                                   signal);

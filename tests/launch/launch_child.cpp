@@ -13,6 +13,9 @@
 //   print DIR           printf "first line rank=R" (no fflush), waits up to 30 s for DIR/go (the
 //                       test creates it once it has read that line through ddprun), then redraws a
 //                       progress line with "\r" and ends it with "done rank=R"; exit 3 without go
+//   unfinished DIR      rank 1 draws "50%\r" (flushed, no newline) and waits up to 30 s for DIR/go
+//                       (the test creates it once ddprun has shown that state), then ends the line
+//                       as "100%"; every rank ends with "done rank=R"; exit 3 without go
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -166,6 +169,22 @@ int main(int argc, char** argv) {
       std::fflush(stdout);  // as progress bars do: each redraw reaches ddprun on its own
     }
     std::printf("\r\033[Kdone rank=%d\n", rank());
+    return 0;
+  }
+  if (mode == "unfinished" && argc > 2) {
+    if (rank() == 1) {
+      // A bar that stops mid-line, as one does while a long step runs: nothing more comes until go.
+      std::printf("50%%\r");
+      std::fflush(stdout);
+      const auto go = std::filesystem::path(argv[2]) / "go";
+      for (int i = 0; i < 300 && !std::filesystem::exists(go); ++i) sleep_s(0.1);
+      if (!std::filesystem::exists(go)) {
+        std::printf("\nnobody saw 50%% of rank=%d\n", rank());
+        return 3;
+      }
+      std::printf("100%%\n");
+    }
+    std::printf("done rank=%d\n", rank());
     return 0;
   }
   if (mode == "hang") {

@@ -151,6 +151,23 @@ TEST(Launch, OutputArrivesAsPrintedAndProgressLinesStayShort) {
   EXPECT_EQ(f.output.find("progress"), std::string::npos) << f.output;
 }
 
+// A rank whose progress line stops unfinished ("50%\r", then a long wait) is seen while it waits,
+// not only at its exit: off a terminal ddprun writes the line's state as a whole line after a
+// second, and not again when the rank ends that line; no "\r" reaches piped output.
+TEST(Launch, UnfinishedProgressLineOfAnyRankIsShownWhileTheRankWaits) {
+  TempDir dir;
+  launch_test::Subprocess job(ddprun({"--nproc-per-node", "2", "--standalone"}, {"unfinished", dir.path}), {});
+  const bool shown = job.wait_for_output("[rank 1] 50%\n", 1, 20s);
+  std::ofstream(std::filesystem::path(dir.path) / "go") << "go";
+  ASSERT_TRUE(shown) << "rank 1's unfinished line was not shown while it waited: " << job.output();
+  auto f = job.wait(60s);
+  ASSERT_EQ(f.exit_code, 0) << describe(f);
+  EXPECT_NE(f.output.find("[rank 1] 100%\n"), std::string::npos) << f.output;
+  EXPECT_NE(f.output.find("[rank 1] done rank=1\n"), std::string::npos) << f.output;
+  EXPECT_EQ(f.output.find("[rank 1] 50%"), f.output.rfind("[rank 1] 50%")) << "written twice: " << f.output;
+  EXPECT_EQ(f.output.find('\r'), std::string::npos) << "a carriage return in piped output: " << f.output;
+}
+
 // --local-ranks-filter (torchrun's): only those ranks on the console; every rank still in its log.
 TEST(Launch, LocalRanksFilterShowsOnlyThoseRanks) {
   TempDir dir, logs;
