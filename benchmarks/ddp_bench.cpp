@@ -58,7 +58,7 @@ void usage() {
       "  --caps       bucket_cap_mb values for reducer and ours; 0 = one bucket per parameter\n"
       "  --view-caps  bucket sizes for ours_view (gradient_as_bucket_view) and the memory pass\n"
       "  --rounds     interleaved rounds; each runs --steps timed steps of every variant\n"
-      "  --no-features  without ours_join, ours_detail, ours_auto, ours_syncbn (what Join, DETAIL, autotuning,\n"
+      "  --no-features  without ours_join, ours_detail, ours_auto, ours_optimizer, ours_syncbn (what Join, DETAIL, autotuning,\n"
       "               SyncBatchNorm cost)\n"
       "  --no-hooks   without the communication hook variants (ours+fp16, ours+bf16, ours+powersgd1/4, reducer+fp16)\n";
 }

@@ -96,7 +96,7 @@ json analyse(const json& raw, const std::map<std::string, json>& memory) {
       row["overlap_efficiency"] = number_or_null(overlap(naive_over_local, vs_local));
     }
     // The features' costs: against ours at the same cap; ours_auto against the fastest fixed cap.
-    if (kind == "ours_join" || kind == "ours_detail" || kind == "ours_syncbn") {
+    if (kind == "ours_join" || kind == "ours_detail" || kind == "ours_syncbn" || kind == "ours_optimizer") {
       std::ostringstream ours_id;
       ours_id << "ours@" << v["bucket_cap_mb"].get<double>();
       const auto ours = by_id.find(ours_id.str());
@@ -205,7 +205,8 @@ void print_summary(const json& raw, const json& rows, const Options& o) {
   const std::pair<const char*, const char*> features[] = {
       {"ours_join", "inside ddp::Join, even inputs"},
       {"ours_detail", "TORCH_DISTRIBUTED_DEBUG=DETAIL"},
-      {"ours_syncbn", "every BatchNorm a ddp::SyncBatchNorm"}};
+      {"ours_syncbn", "every BatchNorm a ddp::SyncBatchNorm"},
+      {"ours_optimizer", "no wrapper: ddp::DistributedOptimizer<SGD>"}};
   for (const auto& [name, what] : features) {
     const json* row = find_row(rows, name);
     if (!row) continue;

@@ -244,6 +244,28 @@ Variant reducer(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::
   return v;
 }
 
+// The same step with the model unwrapped: the optimizer's own hooks average the gradients, through
+// the same engine and caps as ours.
+Variant ours_optimizer(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::ProcessGroupPtr& group,
+                       const VariantSpec& spec) {
+  const double cap_mb = spec.has_buckets() ? spec.bucket_cap_mb : 25;
+  ddp::broadcast_parameters(*model, 0, group);
+  auto optimizer = std::make_shared<ddp::DistributedOptimizer<torch::optim::SGD>>(
+      ddp::DistributedOptimizerOptions()
+          .process_group(group)
+          .bucket_cap_mb(cap_mb)
+          .first_bucket_cap_mb(static_cast<double>(first_bucket_bytes(cap_mb)) / kMiB),
+      model->parameters(), torch::optim::SGDOptions(1e-3));
+  Variant v;
+  v.step = [=] {
+    optimizer->zero_grad();
+    loss(*model, batch).backward();
+    optimizer->step();
+  };
+  v.collectives = [optimizer] { return static_cast<int64_t>(optimizer->reduction_stats().buckets.size()); };
+  return v;
+}
+
 }  // namespace
 
 std::string VariantSpec::kind_name() const {
@@ -259,6 +281,7 @@ std::string VariantSpec::kind_name() const {
     case Kind::ours_join: return "ours_join";
     case Kind::ours_detail: return "ours_detail";
     case Kind::ours_auto: return "ours_auto";
+    case Kind::ours_optimizer: return "ours_optimizer";
     case Kind::ours_fp16: return "ours+fp16";
     case Kind::ours_bf16: return "ours+bf16";
     case Kind::ours_powersgd1: return "ours+powersgd1";
@@ -286,7 +309,7 @@ VariantSpec parse_variant(const std::string& id) {
   if (at != std::string::npos) spec.bucket_cap_mb = std::stod(id.substr(at + 1));
   for (Kind kind : {Kind::local, Kind::naive, Kind::naive_flat, Kind::naive_check, Kind::reducer, Kind::ours,
                     Kind::ours_gloo, Kind::ours_view,
-                    Kind::ours_join, Kind::ours_detail, Kind::ours_auto, Kind::ours_fp16, Kind::ours_bf16,
+                    Kind::ours_join, Kind::ours_detail, Kind::ours_auto, Kind::ours_optimizer, Kind::ours_fp16, Kind::ours_bf16,
                     Kind::ours_powersgd1, Kind::ours_powersgd4, Kind::reducer_fp16,
                     Kind::ours_syncbn, Kind::ours_adam, Kind::ours_zero_adam, Kind::ours_zero_adam_overlap}) {
     spec.kind = kind;
@@ -314,6 +337,7 @@ std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std
     specs.push_back({Kind::ours_detail, view_caps.front()});
   }
   if (features) specs.push_back({Kind::ours_auto});
+  if (features) specs.push_back({Kind::ours_optimizer, hook_cap(caps)});
   if (features) {
     specs.push_back({Kind::ours_adam, hook_cap(caps)});
     specs.push_back({Kind::ours_zero_adam, hook_cap(caps)});
@@ -348,6 +372,7 @@ Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, c
       v = reducer(model, batch, groups.gloo, spec.bucket_cap_mb, spec.kind == Kind::reducer_fp16);
       break;
     case Kind::ours_gloo: v = ours(model, batch, groups.gloo, spec); break;
+    case Kind::ours_optimizer: v = ours_optimizer(model, batch, group, spec); break;
     case Kind::ours:
     case Kind::ours_view:
     case Kind::ours_join:

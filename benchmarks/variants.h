@@ -26,6 +26,7 @@ enum class Kind {
   ours_join,    // ours inside ddp::Join, every rank with the same number of batches
   ours_detail,  // ours under TORCH_DISTRIBUTED_DEBUG=DETAIL (every collective checked first)
   ours_auto,    // ours with bucket_cap_mb_auto(true), no fixed cap
+  ours_optimizer,  // no model wrapper: ddp::DistributedOptimizer over SGD (Horovod's path)
   // Communication hooks (ddp/comm_hooks.h), each against the reducer at the same cap:
   ours_fp16,       // ours+fp16: ddp::hooks::fp16_compress()
   ours_bf16,       // ours+bf16: ddp::hooks::bf16_compress()
@@ -51,7 +52,7 @@ struct VariantSpec {
 };
 
 // Every kind once, and reducer and ours at each bucket size; ours_view at `view_caps`; with
-// `features`, ours_join and ours_detail at the first view cap, ours_auto, ours+adam,
+// `features`, ours_join and ours_detail at the first view cap, ours_auto, ours_optimizer, ours+adam,
 // ours+zero_adam and ours+zero_adam_overlap at the hook cap, and for a model
 // with BatchNorm (`batchnorm`) ours_syncbn at the first view cap; with `hooks`, the hook variants
 // at 25 MiB (or the largest cap without 25).

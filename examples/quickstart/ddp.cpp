@@ -1,7 +1,8 @@
 // Quick start (README): a small classifier trained on Fashion-MNIST (MNIST's format and size), then
 // its loss and accuracy on the whole test set. single_process.cpp is the program for one process;
-// ddp.cpp is the same program on any number of ranks, and `diff single_process.cpp ddp.cpp` shows
-// every line the port changed. Usage: <program> [epochs]
+// ddp.cpp (DDP's model wrapper) and optimizer.cpp (a DistributedOptimizer, no wrapper) are the same
+// program on any number of ranks: `diff single_process.cpp ddp.cpp` (or optimizer.cpp) shows every
+// line a port changed. Usage: <program> [epochs]
 #include <cstdio>
 #include <cstdlib>
 

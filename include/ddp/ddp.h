@@ -18,6 +18,7 @@
 #include <ddp/comm_hooks.h>
 #include <ddp/ddp_options.h>
 #include <ddp/distributed_data_parallel.h>
+#include <ddp/distributed_optimizer.h>
 #include <ddp/join.h>
 #include <ddp/logging.h>
 #include <ddp/powersgd.h>

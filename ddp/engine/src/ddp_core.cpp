@@ -235,18 +235,6 @@ DDPLoggingData DDPCore::logging_data() const {
 
 bool DDPCore::buckets_rebuilt() const noexcept { return impl_->reducer->buckets_rebuilt(); }
 
-ReductionStats DDPCore::stats() const {
-  const ReducerStats raw = impl_->reducer->stats();
-  ReductionStats stats;
-  stats.collectives_launched = raw.collectives_launched;
-  stats.iterations_reduced = raw.iterations_reduced;
-  stats.buckets_rebuilt = raw.buckets_rebuilt;
-  for (const auto& bucket : raw.buckets) {
-    std::vector<std::string> names;
-    for (size_t p : bucket) names.push_back(impl_->names[p]);
-    stats.buckets.push_back(std::move(names));
-  }
-  return stats;
-}
+ReductionStats DDPCore::stats() const { return impl_->reducer->reduction_stats(); }
 
 }  // namespace ddp::detail

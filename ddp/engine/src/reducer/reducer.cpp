@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <unordered_set>
+#include <utility>
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
@@ -311,6 +312,31 @@ void Reducer::set_divisor(int divisor) {
 // Around forward
 // ---------------------------------------------------------------------------------------------
 
+// What went wrong in the last pass (finalize_pass records it), raised once.
+void Reducer::raise_pending_error() {
+  if (error_.empty()) return;
+  std::string error = std::move(error_);
+  error_.clear();
+  throw std::runtime_error(error);
+}
+
+void Reducer::check_passes_before_step() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const int passes = std::exchange(passes_since_step_, 0);
+  if (state_ != State::kIdle) {
+    discard_iteration();
+    fail("step() was called while a backward pass was still running or did not finish (it raised an "
+         "error, or the loss did not reach every parameter); gradients were not synchronized.");
+  }
+  raise_pending_error();
+  if (passes % options_.passes_per_step != 0) {
+    fail("step() after " + std::to_string(passes) + " backward pass(es), but backward_passes_per_step is " +
+         std::to_string(options_.passes_per_step) + ": the last " + std::to_string(passes % options_.passes_per_step) +
+         " were only accumulated on this rank, not averaged across ranks. Call step() after every " +
+         std::to_string(options_.passes_per_step) + " backward passes.");
+  }
+}
+
 void Reducer::prepare_for_forward() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (state_ == State::kReducing) {
@@ -318,11 +344,7 @@ void Reducer::prepare_for_forward() {
     fail("the previous backward pass did not finish (it raised an error, or the loss did not reach "
          "every bucket); gradients of that iteration were not synchronized.");
   }
-  if (!error_.empty()) {
-    std::string error = std::move(error_);
-    error_.clear();
-    throw std::runtime_error(error);
-  }
+  raise_pending_error();
   if (!rebuilt_ && iterations_reduced_ > 0 && ready_order_.size() == params_.size()) {
     rebuild_buckets_in_observed_order();
   }
@@ -451,25 +473,49 @@ void Reducer::on_gradient_ready(size_t param) {
     case State::kAccumulating:
       return;  // no_sync(): AccumulateGrad already summed into param.grad()
     case State::kIdle:
+      if (options_.trigger == PassTrigger::kFirstGradient) {
+        begin_pass_on_first_gradient();
+        if (state_ == State::kAccumulating) return;
+        break;
+      }
       fail("a gradient arrived for parameter '" + names_[param] +
            "' but no forward() ran since the last reduction: backward() was called twice after one "
            "forward(), or the module was run directly instead of through the wrapper. Call forward() "
            "through DistributedDataParallel before each backward(); to accumulate gradients over "
            "several backward passes, use no_sync().");
-    case State::kExpecting: {
-      // First gradient of this backward: finalize() runs when the engine has finished.
-      state_ = State::kReducing;
-      std::weak_ptr<Reducer> weak = weak_from_this();
-      torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-        if (auto reducer = weak.lock()) reducer->finalize();
-      });
-      for (size_t unused : unused_) mark_ready(unused, /*used=*/false);
-      break;
-    }
+    case State::kExpecting:
     case State::kReducing:
       break;
   }
+  if (state_ == State::kExpecting) {
+    // First gradient of this backward: finalize() runs when the engine has finished.
+    state_ = State::kReducing;
+    std::weak_ptr<Reducer> weak = weak_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto reducer = weak.lock()) reducer->finalize();
+    });
+    for (size_t unused : unused_) mark_ready(unused, /*used=*/false);
+  }
   mark_ready(param, /*used=*/true);
+}
+
+// No forward announced this pass (ddp::DistributedOptimizer): every passes_per_step-th one is
+// reduced like DDP's; the others accumulate locally (DDP's no_sync) until the engine finishes.
+void Reducer::begin_pass_on_first_gradient() {
+  ++training_forwards_;
+  if (++passes_since_step_ % options_.passes_per_step != 0) {
+    state_ = State::kAccumulating;
+    std::weak_ptr<Reducer> weak = weak_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto reducer = weak.lock()) {
+        std::lock_guard<std::mutex> lock(reducer->mutex_);
+        reducer->state_ = State::kIdle;
+      }
+    });
+    return;
+  }
+  arm_pass();
+  state_ = State::kExpecting;
 }
 
 // Copies (and pre-divides by world size) one gradient into its bucket slot; launches every
@@ -609,10 +655,13 @@ void Reducer::finalize_pass() {
     }
     error_ = "DistributedDataParallel: the previous backward finished without gradients for " +
              std::to_string(missing.size()) + " parameter(s): " + list_names(names_, missing) +
-             ". Their buckets were never reduced, so gradients are not synchronized across ranks. "
-             "If forward() does not use every parameter, construct with "
-             "DDPOptions().find_unused_parameters(true); if it does, make sure the loss depends on "
-             "every output of forward().";
+             ". Their buckets were never reduced, so gradients are not synchronized across ranks. " +
+             (options_.trigger == PassTrigger::kForward
+                  ? "If forward() does not use every parameter, construct with "
+                    "DDPOptions().find_unused_parameters(true); if it does, make sure the loss depends on "
+                    "every output of forward()."
+                  : "DistributedOptimizer averages every parameter it was given in every synchronized pass: "
+                    "give it only parameters the loss depends on, and make sure the loss depends on them.");
     discard_iteration();
     return;
   }
@@ -747,6 +796,20 @@ ReducerStats Reducer::stats() const {
     if (globally_unused_[p]) stats.unused_parameter_bytes += params_[p].numel() * params_[p].element_size();
   }
   return stats;
+}
+
+ReductionStats Reducer::reduction_stats() const {
+  const ReducerStats raw = stats();
+  ReductionStats out;
+  out.collectives_launched = raw.collectives_launched;
+  out.iterations_reduced = raw.iterations_reduced;
+  out.buckets_rebuilt = raw.buckets_rebuilt;
+  for (const auto& bucket : raw.buckets) {
+    std::vector<std::string> names;
+    for (size_t p : bucket) names.push_back(names_[p]);
+    out.buckets.push_back(std::move(names));
+  }
+  return out;
 }
 
 int64_t Reducer::iterations_reduced() const {

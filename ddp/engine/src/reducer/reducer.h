@@ -32,6 +32,7 @@
 #include "compat.h"
 #include "reducer/bucket.h"
 #include <ddp/comm_hooks.h>
+#include <ddp/ddp_core.h>  // ReductionStats
 #include <ddp/process_group.h>
 #include "reducer/autotune.h"
 #include "desync.h"
@@ -42,6 +43,13 @@ namespace ddp::detail {
 
 class OwnedGroup;
 
+// What announces each backward pass to the reducer.
+enum class PassTrigger {
+  kForward,        // DistributedDataParallel: prepare_for_backward() after each forward
+  kFirstGradient,  // DistributedOptimizer (no model wrapper): the pass's first gradient; every
+                   // passes_per_step-th pass is reduced, the others accumulate locally
+};
+
 // DDPOptions, in the units the reducer works in (DDPCore fills every field).
 struct ReducerOptions {
   int64_t first_bucket_bytes;
@@ -50,6 +58,8 @@ struct ReducerOptions {
   bool gradient_as_bucket_view;
   bool static_graph;
   bool bucket_cap_auto;
+  PassTrigger trigger = PassTrigger::kForward;
+  int passes_per_step = 1;  // kFirstGradient: backward passes between two optimizer steps
 };
 
 struct ReducerStats {
@@ -74,7 +84,12 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   ~Reducer();
 
   // Before each forward: reports what went wrong in the previous iteration, rebuilds buckets once.
+  // (PassTrigger::kFirstGradient: after each optimizer step.)
   void prepare_for_forward();
+  // PassTrigger::kFirstGradient, before each optimizer step: throws unless the backward passes
+  // since the last step were a whole number of passes_per_step (the last one reduced) and
+  // finished; then counts passes afresh.
+  void check_passes_before_step();
   // After a forward with grad mode on. `sync` false (no_sync): gradients accumulate locally.
   // `outputs` are searched for unused parameters when find_unused_parameters is on.
   void prepare_for_backward(bool sync, const std::vector<at::Tensor>& outputs);
@@ -101,6 +116,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void set_timeline(Timeline* timeline);
 
   ReducerStats stats() const;
+  // The same for users: each bucket's parameters by the names the reducer was given.
+  ReductionStats reduction_stats() const;
   // Whether the one rebuild in observed gradient order has happened. Takes no lock, so a comm hook
   // may ask during backward (finalize() holds the lock while it waits for the hooks).
   bool buckets_rebuilt() const noexcept { return rebuilt_.load(); }
@@ -114,6 +131,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
 
   // --- the per-iteration path -------------------------------------------------------------------
   void on_gradient_ready(size_t param);
+  // PassTrigger::kFirstGradient: the first gradient of a pass arms it (or lets it accumulate).
+  void begin_pass_on_first_gradient();
   void mark_ready(size_t param, bool used);
   void launch_ready_buckets();
   void arm_pass();
@@ -142,6 +161,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void check_collective(CollectiveOp op, int64_t index, const at::Tensor& tensor, int64_t root = -1) const;
   std::vector<size_t> find_unused(const std::vector<at::Tensor>& outputs) const;
   void discard_iteration();
+  void raise_pending_error();
 
   enum class State {
     kIdle,          // no forward since the last reduction: a gradient now is an error
@@ -182,6 +202,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::string error_;                 // raised at the next forward
   std::unique_ptr<HookRunner> hook_runner_;  // set by register_comm_hook
   int64_t training_forwards_ = 0;     // forwards that armed the reducer (training has begun)
+  int passes_since_step_ = 0;         // PassTrigger::kFirstGradient: backward passes since the last step
   bool hooks_compared_ = false;       // the ranks checked they reduce through the same hook
   int divisor_ = 1;                   // gradients are averaged over this many ranks
   bool check_collectives_ = false;    // TORCH_DISTRIBUTED_DEBUG=DETAIL

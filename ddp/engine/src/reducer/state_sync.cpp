@@ -44,7 +44,7 @@ void wait(const c10::intrusive_ptr<c10d::Work>& work, const char* what) {
 }  // namespace
 
 void verify_same_parameters(const std::vector<at::Tensor>& params, const std::vector<std::string>& names,
-                            const ProcessGroupPtr& group) {
+                            const ProcessGroupPtr& group, const char* who) {
   const std::vector<int64_t> mine = describe(params);
   // Rank 0's description, length first.
   at::Tensor length = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong).to(collective_device(group));
@@ -93,7 +93,7 @@ void verify_same_parameters(const std::vector<at::Tensor>& params, const std::ve
                (static_cast<size_t>(agreed) < names.size() ? " ('" + names[agreed] + "' here)" : std::string()) +
                "; see that rank's error";
   }
-  throw std::invalid_argument("DistributedDataParallel: " + message);
+  throw std::invalid_argument(std::string(who) + ": " + message);
 }
 
 namespace {

@@ -11,9 +11,9 @@
 namespace ddp::detail {
 
 // Throws on every rank (naming the first mismatch) unless all ranks have the same number, order,
-// shapes and dtypes of parameters.
+// shapes and dtypes of parameters. `who` begins the message ("DistributedDataParallel").
 void verify_same_parameters(const std::vector<at::Tensor>& params, const std::vector<std::string>& names,
-                            const ProcessGroupPtr& group);
+                            const ProcessGroupPtr& group, const char* who = "DistributedDataParallel");
 
 // Throws CollectiveError on every rank, listing each rank's buckets, unless all ranks built the
 // same gradient buckets (count, sizes, dtypes): buckets that differ would pair mismatched data in

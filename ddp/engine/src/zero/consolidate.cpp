@@ -14,6 +14,7 @@
 
 #include "compat.h"
 #include "error_text.h"
+#include "optimizer/group_options.h"
 #include "optimizer_state.h"
 #include "zero/who.h"
 
@@ -94,27 +95,6 @@ void ZeroRedundancyOptimizerBase::save(torch::serialize::OutputArchive& archive)
   consolidated_->save(archive);
 }
 
-namespace {
-
-// Every saved group's options (lr, momentum, betas, ...), read as what `groups` hold (a clone of
-// each group's own options reads the saved values over its fields: any Optim's options type).
-std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> saved_group_options(
-    torch::serialize::InputArchive& archive, const std::vector<torch::optim::OptimizerParamGroup>& groups) {
-  torch::serialize::InputArchive saved_groups;
-  archive.read("param_groups", saved_groups);
-  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    torch::serialize::InputArchive group, saved;
-    saved_groups.read("param_groups/" + std::to_string(g), group);
-    group.read("options", saved);
-    options.push_back(groups[g].options().clone());
-    options.back()->serialize(saved);
-  }
-  return options;
-}
-
-}  // namespace
-
 // Reads the whole state into an Optim over every group (Optim's load checks the group sizes and
 // maps saved entries to parameters by position), then keeps this rank's parameters' entries, each
 // moved to its parameter's device. As PyTorch's load_state_dict (and unlike LibTorch's
@@ -124,7 +104,7 @@ void ZeroRedundancyOptimizerBase::load(torch::serialize::InputArchive& archive) 
   require_overlap_initialized("load_state_dict (load)");
   auto whole = whole_state_optimizer();
   whole->load(archive);
-  auto options = saved_group_options(archive, param_groups_);
+  auto options = detail::saved_group_options(archive, param_groups_);
   for (size_t g = 0; g < param_groups_.size(); ++g) {
     local_->param_groups()[g].set_options(options[g]->clone());
     param_groups_[g].set_options(std::move(options[g]));
