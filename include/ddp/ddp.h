@@ -7,6 +7,7 @@
 #include <ddp/version.h>
 
 // ddp/floor: process groups and the free collectives
+#include <ddp/device_mesh.h>
 #include <ddp/launch_environment.h>
 #include <ddp/metrics.h>
 #include <ddp/per_rank.h>

@@ -1,5 +1,6 @@
 #include "backends.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -70,15 +71,25 @@ ProcessGroupPtr make_group(const GroupRecipe& recipe, const std::string& prefix)
   return make_owned(recipe, prefix, nullptr);
 }
 
-ProcessGroupPtr split_off(const ProcessGroupPtr& parent, const std::string& purpose, bool shared_memory) {
+ProcessGroupPtr split_off(const ProcessGroupPtr& parent, const std::string& purpose, bool shared_memory,
+                          const std::vector<int>& members) {
   OwnedGroup* made = owned(parent);
   if (made == nullptr) return {};
-  // Every rank splits in the same order, so the n-th split meets at the same store keys; the
-  // split shares the parent's Gloo device (one network event loop).
+  // Every rank of the parent splits in the same order (members or not), so the n-th split meets
+  // at the same store keys; the split shares the parent's Gloo device (one network event loop).
   GroupRecipe recipe = made->recipe();
+  const std::string prefix = recipe.backend + "/split/" + purpose + "/" + std::to_string(made->next_split());
   recipe.shared_memory = recipe.shared_memory && shared_memory;
-  return make_owned(recipe, recipe.backend + "/split/" + purpose + "/" + std::to_string(made->next_split()),
-                    made->device());
+  if (!members.empty()) {
+    const auto at = std::find(members.begin(), members.end(), recipe.rank);
+    if (at == members.end()) return {};
+    std::vector<int> global;
+    for (int member : members) global.push_back(recipe.global_ranks.empty() ? member : recipe.global_ranks[member]);
+    recipe.rank = static_cast<int>(at - members.begin());
+    recipe.size = static_cast<int>(members.size());
+    recipe.global_ranks = std::move(global);
+  }
+  return make_owned(recipe, prefix, made->device());
 }
 
 std::chrono::milliseconds timeout_of(const ProcessGroupPtr& group) {

@@ -5,6 +5,7 @@
 // group made here is the library's own handle (owned_group.h), with shared memory where it serves.
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include <ddp/process_group.h>
 
@@ -16,11 +17,13 @@ namespace ddp::detail {
 // connected, and has agreed whether shared memory serves the group).
 ProcessGroupPtr make_group(const GroupRecipe& recipe, const std::string& prefix);
 
-// A new group over the same ranks as `parent`, with connections of its own. Collective: every rank
-// calls it, in the same order. Returns null for a group this library did not make (one built with
-// c10d directly): there is no store to make another from.
+// A new group over the same ranks as `parent` (or over `members`, ranks of the parent sorted
+// ascending), with connections of its own. Collective: every rank of the parent calls it, in the
+// same order, members or not. Returns null on a rank outside `members`, and for a group this
+// library did not make (one built with c10d directly): there is no store to make another from.
 // `shared_memory` false keeps the new group on Gloo alone whatever the parent does.
-ProcessGroupPtr split_off(const ProcessGroupPtr& parent, const std::string& purpose, bool shared_memory = true);
+ProcessGroupPtr split_off(const ProcessGroupPtr& parent, const std::string& purpose, bool shared_memory = true,
+                          const std::vector<int>& members = {});
 
 // The timeout a collective on `group` waits: the one it was made with; for a group built with
 // c10d directly, whose timeout c10d does not tell, PyTorch's default kDefaultTimeout (30 min).

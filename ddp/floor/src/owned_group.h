@@ -16,6 +16,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -43,6 +44,7 @@ struct GroupRecipe {
   bool shared_memory = true;               // InitOptions::shared_memory and TORCHDDP_SHM
   bool hierarchical = true;                // InitOptions::hierarchical and TORCHDDP_HIERARCHICAL
   std::string run_id;                      // the job's (launch_environment.h): in shared-memory names
+  std::vector<int> global_ranks;           // each member's rank in the default group (empty: rank i is i)
 };
 
 class OwnedGroup final : public compat::CollectiveBackend {

@@ -415,17 +415,6 @@ ProcessGroupPtr init_process_group(const InitOptions& options) {
   return connection.group;
 }
 
-ProcessGroupPtr new_group(const NewGroupOptions& options) {
-  const ProcessGroupPtr parent = options.parent() ? options.parent() : default_group();
-  ProcessGroupPtr group = detail::split_off(parent, "new_group", options.shared_memory());
-  if (!group) {
-    raise<std::invalid_argument>("ddp::new_group", "the parent group was built with c10d directly; make it with "
-                                 "ddp::init_process_group or ddp::new_process_group, whose rendezvous more groups can "
-                                 "be made from");
-  }
-  return group;
-}
-
 bool is_initialized() {
   std::lock_guard<std::mutex> lock(g_default_mutex);
   return static_cast<bool>(g_default_group);

@@ -63,17 +63,34 @@ ProcessGroupPtr init_process_group(const InitOptions& options = {});
 // Creates a process group without touching the default group.
 ProcessGroupPtr new_process_group(const InitOptions& options);
 
-// torch.distributed.new_group() over every rank of a group: a group with connections of its own,
-// whose collectives never pair with the parent's.
+// torch.distributed.new_group(): a group over some or all ranks of a group, with connections of
+// its own, whose collectives never pair with the parent's.
+//   ddp::ProcessGroupPtr evens = ddp::new_group(ddp::NewGroupOptions().ranks({0, 2}));  // null on ranks 1, 3
 struct NewGroupOptions {
   // The group whose ranks and rendezvous the new group shares; null: the default group.
   TORCH_ARG(ProcessGroupPtr, parent) = {};
+  // Ranks of the parent that form the group (in any order: group rank i is the i-th smallest, as
+  // PyTorch sorts them); empty: every rank of the parent.
+  TORCH_ARG(std::vector<int>, ranks) = {};
   // As InitOptions::shared_memory, for the new group only (false: Gloo alone, e.g. as a baseline).
+  // Members that share a host reduce through shared memory as a whole group does.
   TORCH_ARG(bool, shared_memory) = true;
 };
-// Collective: every rank of the parent calls it, in the same order. Throws std::invalid_argument
-// for a parent built with c10d directly (there is no rendezvous to make another group from).
+// Collective: every rank of the parent calls it, in the same order, members or not; a rank outside
+// `ranks` gets null (and a null group passed to a collective means the default group). Throws
+// std::invalid_argument on every rank for ranks out of the parent's range or repeated, for lists
+// that differ across the parent's ranks, and for a parent built with c10d directly (there is no
+// rendezvous to make another group from).
 ProcessGroupPtr new_group(const NewGroupOptions& options = {});
+// torch.distributed.new_subgroups(group_size): the default group cut into blocks of `group_size`
+// consecutive ranks ({0..n-1}, {n..2n-1}, ...); returns this rank's block. Collective over the
+// default group; group_size must divide its size.
+ProcessGroupPtr new_subgroups(int group_size);
+// The default group's rank of `group`'s rank `group_rank` (torch.distributed.get_global_rank), and
+// back (get_group_rank: -1 when that rank is not in `group`). `dst`, `src` and recv()'s result in
+// this library's collectives are ranks of the group they run on (PyTorch's group_dst/group_src).
+int get_global_rank(const ProcessGroupPtr& group, int group_rank);
+int get_group_rank(const ProcessGroupPtr& group, int global_rank);
 
 bool is_initialized();
 // The default group; throws when init_process_group has not been called.
