@@ -13,6 +13,7 @@
 #include "debug_level.h"
 #include "desync.h"
 #include "error_text.h"
+#include "free_collective.h"
 #include "heartbeat.h"
 
 namespace ddp {
@@ -31,43 +32,27 @@ void wait_collective(const c10::intrusive_ptr<c10d::Work>& work, const std::stri
 }
 
 
-namespace {
-ProcessGroupPtr resolve(const ProcessGroupPtr& group) { return group ? group : default_group(); }
-}  // namespace
 
 c10::Device collective_device(const ProcessGroupPtr& group) {
-  if (resolve(group)->getBackendName() != "nccl") return c10::Device(c10::kCPU);
+  if (detail::resolve(group)->getBackendName() != "nccl") return c10::Device(c10::kCPU);
   const auto count = static_cast<int>(torch::cuda::device_count());
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(count > 0 ? local_rank() % count : 0));
 }
 
-int get_rank(const ProcessGroupPtr& group) { return resolve(group)->getRank(); }
-std::string transport(const ProcessGroupPtr& group) { return detail::transport_of(resolve(group)); }
-int get_world_size(const ProcessGroupPtr& group) { return resolve(group)->getSize(); }
+int get_rank(const ProcessGroupPtr& group) { return detail::resolve(group)->getRank(); }
+std::string transport(const ProcessGroupPtr& group) { return detail::transport_of(detail::resolve(group)); }
+int get_world_size(const ProcessGroupPtr& group) { return detail::resolve(group)->getSize(); }
 
-// Under TORCH_DISTRIBUTED_DEBUG=DETAIL each free collective first checks that every rank runs the
-// same one (desync.h): a mismatch is a CollectiveError on every rank instead of mismatched buffers
-// paired inside the backend. Otherwise a free collective is exactly one collective, as in PyTorch.
-namespace {
-detail::CollectiveFingerprint fingerprint(detail::CollectiveOp op, const at::Tensor& tensor, int root = -1,
-                                          int64_t reduce_op = -1) {
-  return {op, -1, tensor.scalar_type(), tensor.numel(), root, -1, reduce_op};
-}
-
-void verify_if_detail(const ProcessGroupPtr& group, const detail::CollectiveFingerprint& mine, const char* who) {
-  if (detail::debug_level() == detail::DebugLevel::kDetail) detail::verify_same_collective(group, mine, who);
-}
-}  // namespace
 
 void barrier(const ProcessGroupPtr& group) {
-  auto pg = resolve(group);
-  verify_if_detail(pg, {detail::CollectiveOp::kBarrier}, "ddp::barrier");
+  auto pg = detail::resolve(group);
+  detail::verify_if_detail(pg, {detail::CollectiveOp::kBarrier}, "ddp::barrier");
   wait_collective(pg->barrier(), "ddp::barrier");
 }
 
 void all_reduce(at::Tensor& tensor, c10d::ReduceOp op, const ProcessGroupPtr& group) {
-  auto pg = resolve(group);
-  verify_if_detail(pg, fingerprint(detail::CollectiveOp::kAllReduce, tensor, -1, static_cast<int64_t>(op)), "ddp::all_reduce");
+  auto pg = detail::resolve(group);
+  detail::verify_if_detail(pg, detail::fingerprint(detail::CollectiveOp::kAllReduce, tensor, -1, static_cast<int64_t>(op)), "ddp::all_reduce");
   std::vector<at::Tensor> tensors{tensor};
   c10d::AllreduceOptions options;
   options.reduceOp = op;
@@ -80,7 +65,7 @@ namespace {
 template <typename Wire>
 void all_reduce_wire(std::vector<Wire>& values, c10d::ReduceOp op, const ProcessGroupPtr& group) {
   if (values.empty()) return;  // nothing to exchange, on every rank alike
-  auto pg = resolve(group);
+  auto pg = detail::resolve(group);
   const auto dtype = std::is_same_v<Wire, double> ? at::kDouble : at::kLong;
   at::Tensor tensor = at::from_blob(values.data(), {static_cast<int64_t>(values.size())}, dtype).clone();
   const c10::Device device = ddp::collective_device(pg);
@@ -100,8 +85,8 @@ void all_reduce_numbers(std::vector<int64_t>& values, c10d::ReduceOp op, const P
 }  // namespace detail
 
 void broadcast(at::Tensor& tensor, int src, const ProcessGroupPtr& group) {
-  auto pg = resolve(group);
-  verify_if_detail(pg, fingerprint(detail::CollectiveOp::kBroadcast, tensor, src), "ddp::broadcast");
+  auto pg = detail::resolve(group);
+  detail::verify_if_detail(pg, detail::fingerprint(detail::CollectiveOp::kBroadcast, tensor, src), "ddp::broadcast");
   std::vector<at::Tensor> tensors{tensor};
   c10d::BroadcastOptions options;
   options.rootRank = src;
@@ -109,7 +94,7 @@ void broadcast(at::Tensor& tensor, int src, const ProcessGroupPtr& group) {
 }
 
 void broadcast_bytes(std::string& bytes, int src, const ProcessGroupPtr& group) {
-  auto pg = resolve(group);
+  auto pg = detail::resolve(group);
   const c10::Device device = collective_device(pg);
   // The length first: the other ranks need it to size their buffer.
   at::Tensor length = at::tensor({static_cast<int64_t>(bytes.size())}, at::kLong).to(device);
@@ -126,8 +111,8 @@ void broadcast_bytes(std::string& bytes, int src, const ProcessGroupPtr& group) 
 }
 
 std::vector<at::Tensor> all_gather(const at::Tensor& tensor, const ProcessGroupPtr& group) {
-  auto pg = resolve(group);
-  verify_if_detail(pg, fingerprint(detail::CollectiveOp::kAllGather, tensor), "ddp::all_gather");
+  auto pg = detail::resolve(group);
+  detail::verify_if_detail(pg, detail::fingerprint(detail::CollectiveOp::kAllGather, tensor), "ddp::all_gather");
   std::vector<at::Tensor> input{tensor.contiguous()};
   std::vector<std::vector<at::Tensor>> output(1);
   for (int r = 0; r < pg->getSize(); ++r) output[0].push_back(at::empty_like(input[0]));

@@ -25,6 +25,12 @@ const char* name_of(int64_t op) {
     case CollectiveOp::kBufferBroadcast: return "DDP buffer broadcast";
     case CollectiveOp::kBucketOrder: return "DDP bucket-order broadcast";
     case CollectiveOp::kJoin: return "DDP join check";
+    case CollectiveOp::kReduceScatter: return "reduce_scatter_tensor";
+    case CollectiveOp::kAllGatherIntoTensor: return "all_gather_into_tensor";
+    case CollectiveOp::kAllToAll: return "all_to_all_single";
+    case CollectiveOp::kReduce: return "reduce";
+    case CollectiveOp::kGather: return "gather";
+    case CollectiveOp::kScatter: return "scatter";
   }
   return "an unknown collective";
 }

@@ -27,6 +27,12 @@ enum class CollectiveOp : int64_t {
   kBufferBroadcast,  // DDP: buffers from rank 0 before forward
   kBucketOrder,      // DDP: rank 0's gradient order for the one bucket rebuild
   kJoin,             // DDP under ddp::Join: how many ranks still have data
+  kReduceScatter,
+  kAllGatherIntoTensor,
+  kAllToAll,
+  kReduce,
+  kGather,
+  kScatter,
 };
 
 struct CollectiveFingerprint {

@@ -168,6 +168,40 @@ void broadcast_bytes(std::string& bytes, int src = 0, const ProcessGroupPtr& gro
 // Returns world_size tensors shaped like `tensor`, index r holding rank r's value.
 std::vector<at::Tensor> all_gather(const at::Tensor& tensor, const ProcessGroupPtr& group = {});
 
+// The rest of torch.distributed's collectives, with PyTorch's semantics. Tensors are contiguous;
+// `dst`, `src` and recv()'s result are ranks of `group` (PyTorch's group_dst/group_src; see
+// get_global_rank). W below is the group's size.
+// `input` (W times `output`'s elements, rank r's chunk r-th along the flattened tensor) reduced
+// by `op` across the ranks; rank r receives chunk r in `output`.
+void reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, c10d::ReduceOp op = c10d::ReduceOp::SUM,
+                           const ProcessGroupPtr& group = {});
+// Every rank's `input` into `output` (W times its elements), rank r's at chunk r.
+void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const ProcessGroupPtr& group = {});
+// Rank r's i-th block of `input` (along dim 0) becomes rank i's r-th block of `output`. Empty split
+// sizes: W equal blocks; otherwise rows per block, summing to the tensor's first dimension.
+void all_to_all_single(at::Tensor& output, const at::Tensor& input, std::vector<int64_t> output_split_sizes = {},
+                       std::vector<int64_t> input_split_sizes = {}, const ProcessGroupPtr& group = {});
+// The reduction of every rank's `tensor`, in `tensor` on rank `dst` (the others' are left as
+// the backend leaves them, as in PyTorch: do not read them).
+void reduce(at::Tensor& tensor, int dst = 0, c10d::ReduceOp op = c10d::ReduceOp::SUM, const ProcessGroupPtr& group = {});
+// On `dst`: every rank's `tensor`, index r holding rank r's; empty on the other ranks.
+std::vector<at::Tensor> gather(const at::Tensor& tensor, int dst = 0, const ProcessGroupPtr& group = {});
+// Rank `src`'s scatter_list[r] (W tensors shaped like `tensor`, read on src only) into rank r's `tensor`.
+void scatter(at::Tensor& tensor, const std::vector<at::Tensor>& scatter_list, int src = 0,
+             const ProcessGroupPtr& group = {});
+// Point to point: blocking send to `dst`; blocking receive from `src` (-1: any rank), returning
+// the rank it came from. A send pairs with the receive of the same tag on its destination.
+void send(const at::Tensor& tensor, int dst, const ProcessGroupPtr& group = {}, int tag = 0);
+int recv(at::Tensor& tensor, int src = -1, const ProcessGroupPtr& group = {}, int tag = 0);
+// The same, returning at once; wait() on the Work (ddp::wait_collective bounds and names it).
+// `tensor` must stay alive and untouched until then.
+c10::intrusive_ptr<c10d::Work> isend(const at::Tensor& tensor, int dst, const ProcessGroupPtr& group = {}, int tag = 0);
+c10::intrusive_ptr<c10d::Work> irecv(at::Tensor& tensor, int src = -1, const ProcessGroupPtr& group = {}, int tag = 0);
+// A barrier that names every rank that did not arrive within `timeout` (zero: the group's) in a
+// CollectiveError on rank 0, the ranks that did arrive get an error too (torch.distributed's
+// monitored_barrier with wait_all_ranks=True). Gloo groups only, as in PyTorch.
+void monitored_barrier(const ProcessGroupPtr& group = {}, std::chrono::milliseconds timeout = {});
+
 // This process's rank on its host, from the launcher (launch_environment.h: LOCAL_RANK,
 // SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK; 0 without one): which device it should use.
 int local_rank();

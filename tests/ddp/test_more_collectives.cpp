@@ -1,0 +1,224 @@
+// torch.distributed's other collectives (reduce_scatter_tensor, all_gather_into_tensor,
+// all_to_all_single, reduce, gather, scatter, send/recv, monitored_barrier) at W = 2, 3, 4, over
+// shared memory and over Gloo alone, each against the result computed here from every rank's
+// known input.
+#include <chrono>
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ddp/ddp.h>
+
+#include "multiprocess.h"
+
+namespace {
+
+using namespace ddp::test;
+
+// Rank q's input of n elements: distinct per rank and position, small enough for exact products.
+torch::Tensor input_of(int q, int64_t n, torch::ScalarType dtype, bool small = false) {
+  auto values = small ? torch::arange(n) % 3 + 1 + q % 2 : torch::arange(n) + 1 + 10 * q;
+  return values.to(dtype);
+}
+
+torch::Tensor reduce_locally(const std::vector<torch::Tensor>& inputs, c10d::ReduceOp::RedOpType op) {
+  auto out = inputs[0].clone();
+  for (size_t q = 1; q < inputs.size(); ++q) {
+    switch (op) {
+      case c10d::ReduceOp::SUM: out += inputs[q]; break;
+      case c10d::ReduceOp::PRODUCT: out *= inputs[q]; break;
+      case c10d::ReduceOp::MAX: out = torch::maximum(out, inputs[q]); break;
+      case c10d::ReduceOp::MIN: out = torch::minimum(out, inputs[q]); break;
+      default: fail("no local reference for this op");
+    }
+  }
+  return out;
+}
+
+bool same(const torch::Tensor& got, const torch::Tensor& want) {
+  return got.is_floating_point() ? torch::allclose(got, want, 1e-6, 1e-6) : torch::equal(got, want);
+}
+
+void check_collectives(const ddp::ProcessGroupPtr& group) {
+  const int rank = ddp::get_rank(group), world = ddp::get_world_size(group);
+  const std::string where = " (rank " + std::to_string(rank) + " of " + std::to_string(world) + ", " +
+                            ddp::transport(group) + ")";
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kLong}) {
+    for (auto op : {c10d::ReduceOp::SUM, c10d::ReduceOp::PRODUCT, c10d::ReduceOp::MAX, c10d::ReduceOp::MIN}) {
+      for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1027}}) {
+        const bool small = op == c10d::ReduceOp::PRODUCT;
+        std::vector<torch::Tensor> inputs;
+        for (int q = 0; q < world; ++q) inputs.push_back(input_of(q, world * n, dtype, small));
+        auto output = torch::empty({n}, dtype);
+        ddp::reduce_scatter_tensor(output, inputs[rank], op, group);
+        const auto want = reduce_locally(inputs, op).narrow(0, rank * n, n);
+        require(same(output, want), "reduce_scatter_tensor, " + std::string(c10::toString(dtype)) + " n=" +
+                                        std::to_string(n) + " op " + std::to_string(static_cast<int>(op)) + where);
+        auto reduced = inputs[rank].clone();
+        ddp::reduce(reduced, world - 1, op, group);
+        if (rank == world - 1) require(same(reduced, reduce_locally(inputs, op)), "reduce to the last rank" + where);
+      }
+    }
+    for (int64_t n : {int64_t{1}, int64_t{1027}}) {
+      auto gathered = torch::empty({world * n}, dtype);
+      ddp::all_gather_into_tensor(gathered, input_of(rank, n, dtype), group);
+      std::vector<torch::Tensor> pieces;
+      for (int q = 0; q < world; ++q) pieces.push_back(input_of(q, n, dtype));
+      require(torch::equal(gathered, torch::cat(pieces)), "all_gather_into_tensor n=" + std::to_string(n) + where);
+      const auto at_one = ddp::gather(input_of(rank, n, dtype), 1 % world, group);
+      require(rank == 1 % world ? at_one.size() == static_cast<size_t>(world) : at_one.empty(), "gather's list size" + where);
+      for (size_t q = 0; q < at_one.size(); ++q) require(torch::equal(at_one[q], pieces[q]), "gather" + where);
+      auto mine = torch::empty({n}, dtype);
+      ddp::scatter(mine, rank == 0 ? pieces : std::vector<torch::Tensor>{}, 0, group);
+      require(torch::equal(mine, pieces[rank]), "scatter" + where);
+    }
+  }
+  // all_to_all_single, equal blocks of 3 rows x 2: rank q's block i lands as rank i's block q.
+  auto block = [](int from, int to, int64_t rows) { return torch::full({rows, 2}, 100 * from + to, torch::kLong); };
+  {
+    std::vector<torch::Tensor> send, expect;
+    for (int i = 0; i < world; ++i) {
+      send.push_back(block(rank, i, 3));
+      expect.push_back(block(i, rank, 3));
+    }
+    auto output = torch::empty({3 * world, 2}, torch::kLong);
+    ddp::all_to_all_single(output, torch::cat(send), {}, {}, group);
+    require(torch::equal(output, torch::cat(expect)), "all_to_all_single, equal blocks" + where);
+  }
+  // Uneven: rank q sends q + i + 1 rows to rank i.
+  {
+    std::vector<torch::Tensor> send, expect;
+    std::vector<int64_t> in_splits, out_splits;
+    for (int i = 0; i < world; ++i) {
+      send.push_back(block(rank, i, rank + i + 1));
+      in_splits.push_back(rank + i + 1);
+      expect.push_back(block(i, rank, i + rank + 1));
+      out_splits.push_back(i + rank + 1);
+    }
+    const auto expected = torch::cat(expect);
+    auto output = torch::empty_like(expected);
+    ddp::all_to_all_single(output, torch::cat(send), out_splits, in_splits, group);
+    require(torch::equal(output, expected), "all_to_all_single, uneven blocks" + where);
+  }
+  // Point to point: a ring, then every rank to rank 0 received from any source.
+  const int next = (rank + 1) % world, previous = (rank + world - 1) % world;
+  auto from_previous = torch::empty({5}, torch::kFloat);
+  auto sent = ddp::isend(input_of(rank, 5, torch::kFloat), next, group, 7);
+  require(ddp::recv(from_previous, previous, group, 7) == previous, "recv's source" + where);
+  ddp::wait_collective(sent, "the ring's send");
+  require(torch::equal(from_previous, input_of(previous, 5, torch::kFloat)), "ring send/recv" + where);
+  if (rank == 0) {
+    std::set<int> senders;
+    for (int k = 1; k < world; ++k) {
+      auto got = torch::empty({2}, torch::kLong);
+      const int from = ddp::recv(got, -1, group, 9);
+      require(torch::equal(got, torch::full({2}, from, torch::kLong)), "any-source recv's data");
+      senders.insert(from);
+    }
+    require(static_cast<int>(senders.size()) == world - 1 && !senders.count(0), "any-source recv's senders" + where);
+  } else {
+    ddp::send(torch::full({2}, rank, torch::kLong), 0, group, 9);
+  }
+}
+
+DDP_WORKER(more_collectives) {
+  worker_init();
+  check_collectives(ddp::default_group());
+  if (ddp::get_world_size() == 4) {  // the same over a subgroup, whose ranks are its own
+    auto odds = ddp::new_group(ddp::NewGroupOptions().ranks({1, 3}));
+    if (odds) check_collectives(odds);
+  }
+}
+TEST(MoreCollectives, EachMatchesTheResultComputedFromEveryRanksInput) {
+  for (int world : {2, 3, 4}) EXPECT_WORKERS_OK(run_workers("more_collectives", world));
+  RunOptions gloo;
+  gloo.env["TORCHDDP_SHM"] = "0";
+  EXPECT_WORKERS_OK(run_workers("more_collectives", 3, gloo));  // over Gloo alone
+}
+
+template <typename Call>
+void expect_refused(Call&& call, const std::string& part, const std::string& what) {
+  try {
+    call();
+  } catch (const std::invalid_argument& error) {
+    require_mentions(error.what(), part, what);
+    return;
+  }
+  fail(what + " was accepted");
+}
+
+DDP_WORKER(more_collectives_bad_input) {
+  worker_init(std::chrono::seconds(20));
+  const int rank = ddp::get_rank();
+  auto out = torch::empty({3});
+  expect_refused([&] { ddp::reduce_scatter_tensor(out, torch::ones({5})); },
+                  "input must hold the group's size (2) times output's elements", "reduce_scatter sizes");
+  expect_refused([&] { ddp::all_gather_into_tensor(out, torch::ones({2})); },
+                  "output must hold the group's size (2) times input's elements", "all_gather_into_tensor sizes");
+  expect_refused([&] { ddp::reduce(out, 2); }, "dst 2 is not a rank of the group, whose ranks are 0 to 1", "reduce's dst");
+  auto four = torch::empty({4});
+  expect_refused([&] { ddp::all_to_all_single(four, torch::ones({3})); },
+                  "input's first dimension (3) does not split into 2 equal blocks", "all_to_all_single's split");
+  expect_refused([&] { ddp::all_to_all_single(out, torch::ones({3}), {1, 2}, {1, 1}); },
+                  "input_split_sizes sum to 2, but input has 3 rows", "all_to_all_single's sizes");
+  expect_refused([&] { ddp::send(out, rank); }, "is this rank itself", "a send to oneself");
+  if (rank == 0) {
+    expect_refused([&] { ddp::scatter(out, {torch::ones({3})}, 0); }, "scatter_list holds 1 tensors on the source rank",
+                    "a short scatter_list");
+  }
+  expect_refused([&] { ddp::reduce_scatter_tensor(out, torch::ones({2, 3}).t()); },
+                  "must be a defined, contiguous tensor", "a non-contiguous input");
+  int one = 1;
+  ddp::all_reduce(one);
+  require(one == 2, "the group after the refusals");
+}
+TEST(MoreCollectives, BadInputIsNamed) { EXPECT_WORKERS_OK(run_workers("more_collectives_bad_input", 2)); }
+
+// Under TORCH_DISTRIBUTED_DEBUG=DETAIL a rank in reduce_scatter_tensor while the other is in
+// all_gather_into_tensor is named on both, never paired.
+DDP_WORKER(more_collectives_desync) {
+  worker_init(std::chrono::seconds(20));
+  const int rank = ddp::get_rank();
+  auto small = torch::zeros({2}), large = torch::zeros({4});
+  try {
+    if (rank == 0) {
+      ddp::reduce_scatter_tensor(small, large);
+    } else {
+      ddp::all_gather_into_tensor(large, small);
+    }
+    fail("mismatched collectives were paired");
+  } catch (const ddp::CollectiveError& error) {
+    require_mentions(error.what(), "reduce_scatter_tensor", "rank 0's collective");
+    require_mentions(error.what(), "all_gather_into_tensor", "rank 1's collective");
+  }
+}
+TEST(MoreCollectives, MismatchedCollectivesAreNamedUnderDetail) {
+  RunOptions detail;
+  detail.env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL";
+  EXPECT_WORKERS_OK(run_workers("more_collectives_desync", 2, detail));
+}
+
+// monitored_barrier: rank 2 arrives 3 s late; with a 1 s timeout rank 0's error names rank 2.
+DDP_WORKER(monitored) {
+  worker_init(std::chrono::seconds(20));
+  const int rank = ddp::get_rank();
+  ddp::monitored_barrier({}, std::chrono::seconds(5));  // everyone on time: passes
+  if (rank == 2) {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    return;
+  }
+  try {
+    ddp::monitored_barrier({}, std::chrono::seconds(1));
+    fail("monitored_barrier passed without rank 2");
+  } catch (const ddp::CollectiveError& error) {
+    if (rank == 0) require_mentions(error.what(), "2", "the missing rank");
+    require_mentions(error.what(), "ddp::monitored_barrier: not every rank arrived within 1000 ms", "the error");
+  }
+}
+TEST(MoreCollectives, MonitoredBarrierNamesTheRankThatDidNotArrive) {
+  EXPECT_WORKERS_OK(run_workers("monitored", 3));
+}
+
+}  // namespace
