@@ -16,11 +16,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -343,6 +345,83 @@ void allreduce_job(const Options& o, const Groups& groups) {
   }
 }
 
+// torch.distributed's other collectives through the public path, each over the default group and
+// over Gloo alone, interleaved as above: reduce_scatter_tensor, all_gather_into_tensor and
+// all_to_all_single of `bytes` (the larger side: the input scattered, the output gathered), and a
+// ring of send/recv (each rank sends `bytes` to the next). Rank 0 prints the medians and their
+// ratios and writes collectives_w<W>.json.
+void collectives_job(const Options& o, const Groups& groups) {
+  const int rank = groups.ours->getRank(), world = groups.ours->getSize();
+  const std::vector<int64_t> bytes = o.quick ? std::vector<int64_t>{4096, 262144}
+                                             : std::vector<int64_t>{4096, 262144, 4194304, 33554432};
+  const int rounds = o.quick ? 2 : 5, reps = o.quick ? 3 : 6;
+  // Each entry makes the timed call for a group and a size, its tensors allocated (and touched)
+  // outside the timing.
+  using Call = std::function<void()>;
+  using Make = std::function<Call(const ddp::ProcessGroupPtr&, int64_t)>;
+  const std::vector<std::pair<std::string, Make>> collectives = {
+      {"reduce_scatter_tensor",
+       [world](const ddp::ProcessGroupPtr& group, int64_t n) -> Call {
+         auto input = torch::ones({n}), output = torch::zeros({n / world});
+         return [=]() mutable { ddp::reduce_scatter_tensor(output, input, c10d::ReduceOp::SUM, group); };
+       }},
+      {"all_gather_into_tensor",
+       [world](const ddp::ProcessGroupPtr& group, int64_t n) -> Call {
+         auto input = torch::ones({n / world}), output = torch::zeros({n});
+         return [=]() mutable { ddp::all_gather_into_tensor(output, input, group); };
+       }},
+      {"all_to_all_single",
+       [](const ddp::ProcessGroupPtr& group, int64_t n) -> Call {
+         auto input = torch::ones({n}), output = torch::zeros({n});
+         return [=]() mutable { ddp::all_to_all_single(output, input, {}, {}, group); };
+       }},
+      {"send/recv ring",
+       [rank, world](const ddp::ProcessGroupPtr& group, int64_t n) -> Call {
+         auto out = torch::ones({n}), in = torch::zeros({n});
+         return [=]() mutable {
+           auto sent = ddp::isend(out, (rank + 1) % world, group);
+           ddp::recv(in, (rank + world - 1) % world, group);
+           ddp::wait_collective(sent, "the ring's send");
+         };
+       }}};
+  // times[c][b]: {default group, gloo}
+  std::vector<std::vector<std::array<std::vector<double>, 2>>> times(
+      collectives.size(), std::vector<std::array<std::vector<double>, 2>>(bytes.size()));
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t c = 0; c < collectives.size(); ++c) {
+      for (size_t b = 0; b < bytes.size(); ++b) {
+        const int64_t n = bytes[b] / 4 / world * world;  // whole chunks per rank
+        for (int g = 0; g < 2; ++g) {
+          const ddp::ProcessGroupPtr& group = g == 0 ? groups.ours : groups.gloo;
+          Call call = collectives[c].second(group, n);
+          ddp::barrier(groups.gloo);
+          call();  // warm
+          for (int r = 0; r < reps; ++r) {
+            const auto start = std::chrono::steady_clock::now();
+            call();
+            times[c][b][g].push_back(ms_since(start));
+          }
+        }
+      }
+    }
+  }
+  if (rank != 0) return;
+  json out = {{"world", world}, {"transport", ddp::transport(groups.ours)}, {"collectives", json::array()}};
+  std::printf("collectives of float32 at world %d: %s vs gloo (median of %d)\n", world,
+              ddp::transport(groups.ours).c_str(), rounds * reps);
+  std::printf("%-24s %12s %12s %12s %8s\n", "collective", "bytes", "default ms", "gloo ms", "ratio");
+  for (size_t c = 0; c < collectives.size(); ++c) {
+    for (size_t b = 0; b < bytes.size(); ++b) {
+      const double a = median(times[c][b][0]), g = median(times[c][b][1]);
+      std::printf("%-24s %12lld %12.3f %12.3f %8.3f\n", collectives[c].first.c_str(), static_cast<long long>(bytes[b]),
+                  a, g, a / g);
+      out["collectives"].push_back({{"collective", collectives[c].first}, {"bytes", bytes[b]}, {"default_ms", a},
+                                    {"gloo_ms", g}, {"ratio", a / g}});
+    }
+  }
+  std::ofstream(fs::path(o.out) / ("collectives_w" + std::to_string(world) + ".json")) << out.dump(1) << "\n";
+}
+
 int run_rank(const Options& o) {
   torch::set_num_threads(1);
   ddp::InitOptions init{"gloo", "env://"};
@@ -359,6 +438,7 @@ int run_rank(const Options& o) {
   const std::string what = job;
   if (what == "allreduce") {
     allreduce_job(o, groups);
+    collectives_job(o, groups);
     return 0;
   }
   const ModelConfig& config = o.configs.at(std::stoul(std::getenv("DDP_BENCH_CONFIG")));
