@@ -24,9 +24,9 @@ foreach(file results.csv results.json steps_mlp_b4_w1.png steps_mlp_b4_w2.png al
   endif()
 endforeach()
 # One CSV row per variant and world: 4 naive/local + 2 x 5 bucket sizes + ours_gloo + ours_view +
-# 6 features (join, detail, auto, adam, zero_adam, zero_adam_overlap) + 5 hooks = 27 per world.
+# 7 features (join, detail, auto, optimizer, adam, zero_adam, zero_adam_overlap) + 5 hooks = 28 per world.
 file(STRINGS ${OUT}/results.csv rows REGEX "^mlp,")
 list(LENGTH rows count)
-if(NOT count EQUAL 54)
-  message(FATAL_ERROR "expected 54 result rows (27 variants x worlds 1 and 2), got ${count}")
+if(NOT count EQUAL 56)
+  message(FATAL_ERROR "expected 56 result rows (28 variants x worlds 1 and 2), got ${count}")
 endif()
