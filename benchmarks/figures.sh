@@ -170,7 +170,7 @@ why=""
 [[ -z $why ]] && ! command -v tc >/dev/null && why="not measured: no tc (iproute2)"
 if [[ -n $why ]]; then
   row "2 hosts x 2 ranks over 1 Gbit/s links: hierarchical/flat" "$why" "\`sudo bash benchmarks/over_hosts.sh build/benchmarks/hosts_bench --rates 1gbit\`"
-  row "communication hooks over a 1 Gbit/s link, \`mlp_b4\`" "$why" "\`sudo bash benchmarks/over_link.sh 1gbit build/benchmarks/ddp_bench ...\`"
+  row "communication hooks over a 1 Gbit/s link, \`mlp_b4\`" "$why" "\`TORCHDDP_SHM=0 sudo -E bash benchmarks/over_link.sh 1gbit build/benchmarks/ddp_bench --configs mlp:4 --caps 25\`"
 else
   log "6/6 over shaped links (root)"
   o=$(bash "$repo/benchmarks/over_hosts.sh" "$build/benchmarks/hosts_bench" --rates 1gbit -- --rounds 3 2>&1 | tee "$out/over_hosts.log")
@@ -207,6 +207,7 @@ load_end=$(cut -d' ' -f1-3 /proc/loadavg)
   echo "| --- | --- | --- |"
   cat "$rows"
 } >"$out/figures.md"
+rm -f "$rows"
 git -C "$repo" rev-parse --short HEAD >"$out/commit.txt" 2>/dev/null
 cat "$out/figures.md"
 if [[ $readme == 1 ]]; then
