@@ -3,14 +3,14 @@
 # table (the machine, the LibTorch version and the load average in its header), so that the README
 # shows today's numbers and anyone can reproduce them with one command:
 #
-#   bash benchmarks/figures.sh [--quick] [--build DIR] [--out DIR] [--python PYTHON]
+#   bash benchmarks/figures.sh [--quick] [--readme] [--build DIR] [--out DIR] [--python PYTHON]
 #
 #   --quick   fewer rounds, the main job timed on the existing build instead of from a fresh clone,
-#             and the root-only link and hosts figures left out: about 5 minutes on a 2-core
-#             machine (the full run: 7 minutes here when quiet, 12 beside other builds)
+#             and the root-only link and hosts figures left out: about 2 minutes on a 2-core
+#             machine once built (the full run: 7 minutes here when quiet, 12 beside other builds)
 #   --build   the build folder holding ddprun, the main job and ddp_bench (default: build; made with
-#             `bash scripts/build.sh ddprun train_fashion_mnist ddp_bench hosts_bench launch_child`
-#             when something is missing)
+#             `bash scripts/build.sh ddprun train_fashion_mnist ddp_bench hosts_bench launch_child`,
+#             set-up included, when something is missing, as in a fresh clone)
 #   --out     where the logs, ddp_bench's JSON and plots and figures.md go (default:
 #             benchmarks/results/<UTC date>-figures)
 #   --python  the Python whose torch runs the Python DDP peer (default: /usr/bin/python3 when its
