@@ -572,8 +572,11 @@ void save_contents(const std::string& path, const SavedContents& contents, const
   std::string failure;
   if (rank == 0) {
     try {
+      // A missing directory is made (what every program did by hand before its first save).
+      const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+      if (!dir.empty()) std::filesystem::create_directories(dir);
       // One job per directory: another's saves would overwrite and prune ours.
-      lock_checkpoint_directory(std::filesystem::path(path).parent_path().string());
+      lock_checkpoint_directory(dir.string());
       write_checkpoint_file(path, contents, state, world_size, rng, state_names, states);
       if (options.keep_last() > 0) keep_newest(path, options.prefix(), options.keep_last());
     } catch (const std::exception& error) {
@@ -698,6 +701,10 @@ Restored load_if_exists(const std::string& path_or_dir, const LoadOptions& optio
     }
   }
   if (failure) std::rethrow_exception(failure);
+  if (rank == 0) {
+    std::fprintf(stderr, "ddp: resumed from %s: epoch %" PRId64 ", global step %" PRId64 "\n", chosen.c_str(),
+                 restored.state.epoch, restored.state.global_step);
+  }
   return restored;
 }
 

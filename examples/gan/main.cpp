@@ -108,10 +108,16 @@ int run(const Options& options) {
       optimizer_d.zero_grad();
       loss_d.backward();
       optimizer_d.step();
-      // Generator: make the discriminator call its points real.
-      const auto loss_g = torch::binary_cross_entropy_with_logits(D.forward(fake), torch::ones({n, 1}));
-      optimizer_g.zero_grad();
-      loss_g.backward();
+      // Generator: make the discriminator call its points real. This pass also leaves gradients
+      // in D, which optimizer_d.zero_grad() discards before D's next step: under no_sync() D does
+      // not average them across the ranks for nothing (G's are averaged as usual).
+      torch::Tensor loss_g;
+      {
+        auto skip_d = D.no_sync();
+        loss_g = torch::binary_cross_entropy_with_logits(D.forward(fake), torch::ones({n, 1}));
+        optimizer_g.zero_grad();
+        loss_g.backward();
+      }
       optimizer_g.step();
       loss_d_sum += loss_d.item<double>();
       loss_g_sum += loss_g.item<double>();

@@ -86,27 +86,38 @@ TEST(SaveLoad, DdpWrapperAndBareModuleShareCheckpoints) {
   EXPECT_WORKERS_OK(ddp::test::run_workers("ddp_wrapper_round_trip", 2));
 }
 
-// Rank 0 cannot write: every rank fails, none hangs.
+// Rank 0 cannot write (the directory would be inside a regular file): every rank fails, none hangs.
 DDP_WORKER(rank0_write_fails) {
   auto pg = ddp::test::worker_init();
   ToyModel model;
+  const std::string file = ddp::test::shared_dir() + "/a-file";
+  if (ddp::get_rank() == 0) std::ofstream(file) << "not a directory";
+  const std::string path = file + "/ckpt.pt";
   try {
-    ddp::save_checkpoint("/nonexistent-dir/ckpt.pt", *model, nullptr, {});
+    ddp::save_checkpoint(path, *model, nullptr, {});
   } catch (const ddp::CheckpointError& error) {
     const std::string message = error.what();
     if (ddp::get_rank() == 0) {
-      require(ckpt_test::contains(message, "cannot save checkpoint /nonexistent-dir/ckpt.pt: cannot write "
-                                           "/nonexistent-dir/ckpt.pt: open of /nonexistent-dir/.torchddp-tmp."),
-              "rank 0 message: " + message);
-      require(ckpt_test::contains(message, "No such file or directory"), "rank 0 message: " + message);
+      require(ckpt_test::contains(message, "cannot save checkpoint " + path + ": "), "rank 0 message: " + message);
+      require(ckpt_test::contains(message, "Not a directory"), "rank 0 message: " + message);
     } else {
-      require(message == "rank 0 failed to save checkpoint /nonexistent-dir/ckpt.pt (its error is in rank 0's output)",
+      require(message == "rank 0 failed to save checkpoint " + path + " (its error is in rank 0's output)",
               "rank 1 message: " + message);
     }
     return;
   }
-  ddp::test::fail("save_checkpoint into a missing directory succeeded");
+  ddp::test::fail("save_checkpoint inside a regular file succeeded");
 }
+
+// A missing directory is made, nested ones too.
+DDP_WORKER(save_makes_its_directory) {
+  auto pg = ddp::test::worker_init();
+  ToyModel model;
+  const std::string path = ddp::test::shared_dir() + "/runs/today/ckpt.pt";
+  ddp::save_checkpoint(path, *model, nullptr, {});
+  require(std::filesystem::is_regular_file(path), "no checkpoint at " + path);
+}
+TEST(SaveLoad, SaveMakesAMissingDirectory) { EXPECT_WORKERS_OK(ddp::test::run_workers("save_makes_its_directory", 2)); }
 
 TEST(SaveLoad, Rank0FailureIsReportedOnEveryRank) {
   EXPECT_WORKERS_OK(ddp::test::run_workers("rank0_write_fails", 2));

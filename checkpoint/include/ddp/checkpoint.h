@@ -229,9 +229,74 @@ TrainingState load_checkpoint(const std::string& path, const Model& model, torch
 
 // --- several models, optimizers and states in one checkpoint, by name -----------------------------
 
-// One entry of a named checkpoint: a model (any kind above), an optimizer or a Stateful (a
-// GradScaler, your own state) under a name, as one key of the dict a Python program saves. Holds
-// pointers only: the objects must outlive the save or load call.
+namespace detail {
+// A program value (a step counter, the current learning rate, a tensor) as a Stateful entry: one
+// tensor "value", integers as int64 and floating point as double, so that it comes back bitwise.
+template <typename T>
+class ValueState final : public Stateful {
+ public:
+  explicit ValueState(T& value) : value_(&value) {}
+  TensorDict state_dict() const override {
+    if constexpr (std::is_same_v<T, at::Tensor>) {
+      return {{"value", value_->detach().clone()}};
+    } else if constexpr (std::is_floating_point_v<T>) {
+      return {{"value", at::scalar_tensor(static_cast<double>(*value_), at::kDouble)}};
+    } else {
+      return {{"value", at::scalar_tensor(static_cast<int64_t>(*value_), at::kLong)}};
+    }
+  }
+  void load_state_dict(const TensorDict& state) override {
+    const auto it = state.find("value");
+    if (it == state.end()) throw std::invalid_argument("the saved value is missing");
+    if constexpr (std::is_same_v<T, at::Tensor>) {
+      *value_ = value_->defined() ? it->second.to(value_->device()) : it->second;
+    } else if constexpr (std::is_floating_point_v<T>) {
+      *value_ = static_cast<T>(it->second.template item<double>());
+    } else {
+      *value_ = static_cast<T>(it->second.template item<int64_t>());
+    }
+  }
+
+ private:
+  T* value_;
+};
+
+// A sampler's position (ddp::DistributedSampler, or anything with its state()/load_state()).
+template <typename Sampler>
+class SamplerStateful final : public Stateful {
+ public:
+  explicit SamplerStateful(Sampler& sampler) : sampler_(&sampler) {}
+  TensorDict state_dict() const override {
+    const SamplerState state = sampler_->state();
+    return {{"epoch", at::scalar_tensor(state.epoch, at::kLong)}, {"consumed", at::scalar_tensor(state.consumed, at::kLong)}};
+  }
+  void load_state_dict(const TensorDict& state) override {
+    const auto epoch = state.find("epoch"), consumed = state.find("consumed");
+    if (epoch == state.end() || consumed == state.end()) throw std::invalid_argument("the saved sampler position is incomplete");
+    sampler_->load_state(SamplerState{epoch->second.template item<int64_t>(), consumed->second.template item<int64_t>()});
+  }
+
+ private:
+  Sampler* sampler_;
+};
+
+template <typename T, typename = void>
+struct IsSampler : std::false_type {};
+template <typename T>
+struct IsSampler<T, std::void_t<decltype(std::declval<T&>().load_state(std::declval<const T&>().state()))>>
+    : std::is_same<decltype(std::declval<const T&>().state()), SamplerState> {};
+template <typename T>
+constexpr bool is_value = std::is_same_v<T, at::Tensor> || (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>);
+}  // namespace detail
+
+// One entry of a named checkpoint, as one key of the dict a Python program saves: a model (any kind
+// above), an optimizer, a Stateful (a GradScaler, your own state), a DistributedSampler (its
+// position: a resumed loader continues at the next batch), or a program value (an int64_t, a
+// double, a size_t, ... or a tensor: a step counter, the current learning rate), each restored
+// bitwise. Models and optimizers are saved once (rank 0's); states, samplers and values are each
+// rank's own. Holds pointers only: the objects must outlive the save or load call.
+//   ddp::save_checkpoint(path, {{"model", model}, {"optimizer", optimizer}, {"sampler", sampler},
+//                               {"iteration", iteration}, {"learning_rate", learning_rate}}, state);
 class CheckpointEntry {
  public:
   enum class Kind { kModel, kOptimizer, kState };
@@ -243,6 +308,14 @@ class CheckpointEntry {
   CheckpointEntry(std::string name, torch::optim::Optimizer& optimizer)
       : name_(std::move(name)), kind_(Kind::kOptimizer), optimizer_(&optimizer) {}
   CheckpointEntry(std::string name, Stateful& state) : name_(std::move(name)), kind_(Kind::kState), state_(&state) {}
+  template <typename Sampler, std::enable_if_t<detail::IsSampler<Sampler>::value, int> = 0>
+  CheckpointEntry(std::string name, Sampler& sampler)
+      : name_(std::move(name)), kind_(Kind::kState), owned_(std::make_shared<detail::SamplerStateful<Sampler>>(sampler)),
+        state_(owned_.get()) {}
+  template <typename T, std::enable_if_t<detail::is_value<T>, int> = 0>
+  CheckpointEntry(std::string name, T& value)
+      : name_(std::move(name)), kind_(Kind::kState), owned_(std::make_shared<detail::ValueState<T>>(value)),
+        state_(owned_.get()) {}
 
   const std::string& name() const { return name_; }
   Kind kind() const { return kind_; }
@@ -255,6 +328,7 @@ class CheckpointEntry {
  private:
   std::string name_;
   Kind kind_;
+  std::shared_ptr<Stateful> owned_;  // the adapter of a sampler or a value
   torch::nn::Module* module_ = nullptr;
   torch::optim::Optimizer* optimizer_ = nullptr;
   Stateful* state_ = nullptr;
@@ -298,6 +372,11 @@ struct Restored {
 // not exist. Everything else is an error on every rank: a file that exists but cannot be loaded
 // (damaged, another model) throws that error on the rank that met it and CheckpointError("rank R
 // failed to load checkpoint P") on the others, so no rank trains on alone.
+// Rank 0 says on stderr what it resumed from ("ddp: resumed from <path>: epoch E, global step S").
+// Resume in two lines: save the sampler (and any program values) as entries beside the model,
+// then start the epoch loop at the restored epoch; the loader continues at the saved batch.
+//   auto restored = ddp::load_checkpoint_if_exists(dir, {{"model", model}, {"optimizer", opt}, {"sampler", sampler}});
+//   for (int64_t epoch = restored.state.epoch; epoch < epochs; ++epoch) { sampler.set_epoch(epoch); ... }
 // (PyTorch has no such call: its programs test os.path.exists on each rank.)
 Restored load_checkpoint_if_exists(const std::string& path_or_dir, torch::nn::Module& module,
                                    torch::optim::Optimizer* optimizer, const LoadOptions& options = {});

@@ -377,7 +377,8 @@ Connection connect_group(const InitOptions& options) {
 
   ProcessGroupPtr group =
       detail::make_group(detail::GroupRecipe{backend, store, rank, world_size, options.timeout, master_host,
-                                             options.shared_memory(), options.hierarchical(), launch.run_id},
+                                             options.shared_memory(), options.hierarchical(), launch.run_id,
+                                             /*global_ranks=*/{}},
                          backend);
   // Return only once every rank has finished connecting (like torch.distributed's store-based
   // barrier): a rank that finishes first and exits at once would otherwise break a peer still in
