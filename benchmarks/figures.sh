@@ -7,7 +7,7 @@
 #
 #   --quick   fewer rounds, the main job timed on the existing build instead of from a fresh clone,
 #             and the root-only link and hosts figures left out: about 2 minutes on a 2-core
-#             machine once built (the full run: 7 minutes here when quiet, 12 beside other builds)
+#             machine once built (the full run: 7 minutes here when quiet, 13 beside other builds)
 #   --build   the build folder holding ddprun, the main job and ddp_bench (default: build; made with
 #             `bash scripts/build.sh ddprun train_fashion_mnist ddp_bench hosts_bench launch_child`,
 #             set-up included, when something is missing, as in a fresh clone)
