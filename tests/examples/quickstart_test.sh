@@ -33,7 +33,11 @@ shown=$(sed -n "/<!-- $marker -->/,/<!-- \/$marker -->/p" "$src/README.md" | sed
 changed=$(grep -c '^>' <<<"$actual")
 grep -q "the port adds or changes $changed lines" "$src/README.md" || fail "README does not say 'the port adds or changes $changed lines'"
 [ "$changed" -le 12 ] || fail "$file changes $changed lines, more than 12"
-echo "diff: $changed lines added or changed"
+# The count by the other common measure (removed and added lines of diff -u), which the README gives too.
+unified=$(cd "$src/examples/quickstart" && diff -u single_process.cpp "$file" | grep -c '^[-+][^-+]')
+grep -q "$unified lines by \`diff -u single_process.cpp ddp.cpp" "$src/README.md" ||
+  fail "README does not say '$unified lines by \`diff -u single_process.cpp ddp.cpp ...\`'"
+echo "diff: $changed lines added or changed ($unified by diff -u)"
 
 # 2. Exact sharded evaluation of the untrained model.
 for world in 2 3; do
