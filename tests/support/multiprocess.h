@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,17 @@ inline void require(bool condition, const std::string& message) {
 // Fails naming `what` unless `message` contains `part`.
 inline void require_mentions(const std::string& message, const std::string& part, const std::string& what) {
   require(message.find(part) != std::string::npos, what + ": expected '" + part + "' in: " + message);
+}
+// Fails naming `what` unless `call` throws `Error` whose message contains `part`.
+template <typename Error = std::invalid_argument, typename Call>
+void require_throws(Call&& call, const std::string& part, const std::string& what) {
+  try {
+    call();
+  } catch (const Error& error) {
+    require_mentions(error.what(), part, what);
+    return;
+  }
+  fail(what + " was accepted");
 }
 // Writes/reads a small text file in the shared dir, to hand results between ranks and the test.
 void write_shared(const std::string& name, const std::string& text);

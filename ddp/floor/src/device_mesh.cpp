@@ -5,14 +5,13 @@
 #include <stdexcept>
 
 #include "error_text.h"
+#include "text.h"
 
 namespace ddp {
 namespace {
 
 std::string shape_text(const std::vector<int>& shape) {
-  std::string text = "{";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "}";
+  return "{" + detail::join_limited(shape, 16, ", ", [](int extent) { return std::to_string(extent); }) + "}";
 }
 
 }  // namespace

@@ -12,14 +12,13 @@
 #include "backends.h"
 #include "error_text.h"
 #include "owned_group.h"
+#include "text.h"
 
 namespace ddp {
 namespace {
 
 std::string list(const std::vector<int>& ranks) {
-  std::string text = "{";
-  for (size_t i = 0; i < ranks.size(); ++i) text += (i ? ", " : "") + std::to_string(ranks[i]);
-  return text + "}";
+  return "{" + detail::join_limited(ranks, 16, ", ", [](int rank) { return std::to_string(rank); }) + "}";
 }
 
 // The ranks sorted; each in range and once, else the same error on every rank (each passed them).
