@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "process.h"
+#include "steps.h"
 #include "wait.h"
 
 namespace ddp::detail::shm {
@@ -23,15 +24,12 @@ using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 constexpr std::uint64_t kMagic = 0x746f726368646470ull;  // "torchddp"
-constexpr std::uint32_t kVersion = 4;  // 2: descriptors carry an offset (allreduce_shared); 3: no reduce_scatter; 4: away
+constexpr std::uint32_t kVersion = 5;  // 2: descriptors carry an offset (allreduce_shared); 3: no reduce_scatter; 4: away;
+                                       // 5: reduce_scatter again (steps.h)
 constexpr std::size_t kControlBytes = 4096;  // the control block's page; the data buffers follow
 constexpr std::size_t kMessageBytes = 1024;
 constexpr auto kSleepSlice = 50ms;      // longest futex sleep: then look at the deadline and the peers
 constexpr auto kPidCheckEvery = 100ms;  // how often a waiting rank asks whether lagging peers still live
-
-enum class Kind : std::uint32_t {
-  kAllreduce = 1, kBroadcast, kAllgather, kBarrier, kAllreduceShared
-};
 
 // CPUs this process may run on: fewer than ranks means the rank we wait for may need our core.
 int cpus_available() {
@@ -44,33 +42,6 @@ int cpus_available() {
 
 // --- What lives in shared memory ---------------------------------------------------------------
 
-// A collective as one rank sees it; compared across ranks (the desync check).
-struct Communicator::Descriptor {
-  std::uint32_t sequence = 0;  // collectives this rank began, this one included
-  Kind kind = Kind::kBarrier;
-  std::uint64_t count = 0;     // allreduce: elements; broadcast, allgather: bytes (per rank)
-  DType dtype = DType::kUInt8;
-  Op op = Op::kSum;
-  std::int32_t root = -1;      // allreduce_shared: the array's id
-  std::uint64_t offset = 0;    // allreduce_shared: bytes into the array
-  double scale = 1.0;          // allreduce: what the sum is multiplied by
-
-  // allreduce's and allreduce_shared's.
-  static Descriptor reduction(Kind kind, std::uint64_t count, DType dtype, Op op, double scale) {
-    Descriptor descriptor;
-    descriptor.kind = kind;
-    descriptor.count = count;
-    descriptor.dtype = dtype;
-    descriptor.op = op;
-    descriptor.scale = scale;
-    return descriptor;
-  }
-
-  bool operator==(const Descriptor& other) const {
-    return sequence == other.sequence && kind == other.kind && count == other.count && dtype == other.dtype && op == other.op &&
-           root == other.root && offset == other.offset && scale == other.scale;
-  }
-};
 
 // The first page of every rank's segment. The owner writes everything but `sleepers` (peers
 // count themselves in and out there). Setup fields are written before the rendezvous that
@@ -100,12 +71,6 @@ struct Communicator::ControlBlock {
 };
 static_assert(sizeof(Communicator::ControlBlock) <= kControlBytes, "the control block must fit its page");
 
-// Where a wait is, for error messages.
-struct Communicator::Step {
-  const char* waiting_for;
-  std::size_t chunk = 0;
-  std::size_t chunks = 1;
-};
 
 // --- Setup ---------------------------------------------------------------------------------------
 
@@ -237,23 +202,6 @@ Communicator::~Communicator() {
 
 // --- Steps: post, wait, fail -----------------------------------------------------------------
 
-// Every collective goes through run(): it refuses to start after a failure, and turns any
-// failure inside into this rank's failure, which its peers see at once.
-template <typename Body>
-void Communicator::run(const Descriptor& descriptor, Body&& body) {
-  if (error_) throw *error_;
-  try {
-    begin(descriptor);
-    body();
-  } catch (const PeerError& e) {
-    fail(e);
-    throw;
-  } catch (const std::exception& e) {
-    const PeerError error(rank_, name(rank_) + " failed in " + describe(current()) + ": " + e.what());
-    fail(error);
-    throw error;
-  }
-}
 
 // Publishes this collective's descriptor; the first post() makes it visible.
 void Communicator::begin(const Descriptor& descriptor) {
@@ -459,6 +407,9 @@ std::string Communicator::describe(const Descriptor& d) const {
     }
     case Kind::kBroadcast: return "broadcast" + number + " (" + std::to_string(d.count) + " bytes from rank " + std::to_string(d.root) + ")";
     case Kind::kAllgather: return "allgather" + number + " (" + std::to_string(d.count) + " bytes per rank)";
+    case Kind::kReduceScatter:
+      return "reduce_scatter" + number + " (" + std::to_string(d.count) + " x " + dtype_name(d.dtype) + " per rank, " +
+             op_name(d.op) + ")";
     case Kind::kBarrier: return "barrier" + number;
   }
   return "unknown collective" + number;
@@ -609,43 +560,6 @@ void Communicator::broadcast(void* data, std::size_t bytes, int root) {
       //    that it is done reading.
       wait_all(posted_, {"the root's chunk", k, chunks});
       if (rank_ != root && n > 0) copy_bytes(out + offset, buffer(root, b), n);
-      post();
-      release_buffer(b);
-    }
-  });
-}
-
-void Communicator::allgather(const void* in, std::size_t bytes_per_rank, void* out) {
-  if (error_) throw *error_;
-  auto* gathered = static_cast<unsigned char*>(out);
-  const auto* piece = static_cast<const unsigned char*>(in);
-  unsigned char* my_place = gathered + rank_ * bytes_per_rank;
-  if (size_ == 1) {
-    if (bytes_per_rank > 0 && piece != my_place) std::memmove(my_place, piece, bytes_per_rank);
-    return;
-  }
-  Descriptor descriptor;
-  descriptor.kind = Kind::kAllgather;
-  descriptor.count = bytes_per_rank;
-  run(descriptor, [&] {
-    const std::size_t chunks = std::max<std::size_t>(1, (bytes_per_rank + options_.chunk_bytes - 1) / options_.chunk_bytes);
-    for (std::size_t k = 0; k < chunks; ++k) {
-      const std::size_t offset = k * options_.chunk_bytes, n = std::min(options_.chunk_bytes, bytes_per_rank - offset);
-      // 1. Copy my piece's chunk into a free buffer of mine; post.
-      const int b = acquire_buffer({"the peers to finish reading this buffer", k, chunks}, true);
-      if (n > 0) copy_bytes(buffer(rank_, b), piece + offset, n);
-      post();
-      // 2. Once every piece is in: copy each into its place (mine straight from `in`); post that I
-      //    am done reading.
-      wait_all(posted_, {"the peers' pieces", k, chunks});
-      for (int q = 0; q < size_ && n > 0; ++q) {
-        unsigned char* place = gathered + q * bytes_per_rank + offset;
-        if (q != rank_) {
-          copy_bytes(place, buffer(q, b), n);
-        } else if (piece != my_place) {
-          std::memmove(place, piece + offset, n);
-        }
-      }
       post();
       release_buffer(b);
     }

@@ -20,6 +20,9 @@
 //      order, into my own buffer's slice; post  (my slice of the result is ready)
 //   3. wait for every peer's step 2; copy every slice from its owner's buffer to my output; post
 //      (I am done reading everyone's buffer)
+// reduce_scatter is step 1 and 2 alone (each rank stages only what the peers reduce, and reduces
+// its own piece into its output); allgather is step 1 and 3 alone (each rank stages its piece and
+// copies every peer's out).
 // A buffer is written again only after every peer has posted its last step on the previous
 // contents, which with two buffers lets a fast rank copy chunk k+1 in while others still work on
 // chunk k. At two ranks, and for tensors of at most one_step_bytes, there are no slices: after
@@ -188,8 +191,13 @@ class Communicator {
   // communicating) for a root that is not a rank.
   void broadcast(void* data, std::size_t bytes, int root);
   // out (size() * bytes_per_rank bytes) receives every rank's `in`, in rank order. `in` may be
-  // this rank's part of `out`; otherwise the two must not overlap.
+  // this rank's part of `out`; otherwise the two must not overlap. (all_gather.cpp)
   void allgather(const void* in, std::size_t bytes_per_rank, void* out);
+  // `in` holds size() pieces of `count` elements of dtype; `out` (count elements) becomes the
+  // reduction over the ranks of piece rank(), in rank order: the bits allreduce gives those
+  // elements. `out` may be this rank's piece of `in`; otherwise the two must not overlap. Throws
+  // std::invalid_argument (before communicating) for what allreduce refuses. (reduce_scatter.cpp)
+  void reduce_scatter(const void* in, std::size_t count, void* out, DType dtype, Op op);
   // Returns once every rank has called barrier().
   void barrier();
 
@@ -269,6 +277,7 @@ class Communicator {
   void allreduce_direct(const std::vector<Span>& spans, std::size_t count, DType dtype, Op op, double scale);
   void allreduce_sliced(const std::vector<Span>& spans, std::size_t count, DType dtype, Op op, double scale);
   static void check_reduction(const char* collective, DType dtype, Op op, double scale);
+  std::size_t reduce_scatter_slot_bytes(std::size_t element) const;
 
   Options options_;
   std::string prefix_;                // the segments' names ("<prefix>-<rank>"), and shared arrays'
