@@ -25,6 +25,7 @@
 #include <ddp/powersgd.h>
 #include <ddp/zero_redundancy_optimizer.h>
 #include <ddp/ddp_zero_hook.h>
+#include <ddp/fully_shard.h>
 
 // sampler/: DistributedSampler, its resumable state, and the loader that counts what the program received
 #include <ddp/data_loader.h>

@@ -8,6 +8,7 @@
 #include "backends.h"
 #include "check_number.h"
 #include "debug_level.h"
+#include "engine_claims.h"
 #include "reducer/reducer.h"
 #include "reducer/state_sync.h"
 
@@ -61,6 +62,11 @@ DDPCore::DDPCore(torch::nn::Module& module, DDPOptions options)
       throw std::invalid_argument("DistributedDataParallel: parameter '" + item.key() +
                                   "' is sparse; only dense parameters are supported");
     }
+    if (is_fully_sharded(param)) {
+      throw std::invalid_argument("DistributedDataParallel: parameter '" + item.key() +
+                                  "' is sharded by ddp::fully_shard; a module is trained by DistributedDataParallel "
+                                  "or by fully_shard, not both (fully_shard averages gradients already)");
+    }
     if (!param.requires_grad()) continue;
     impl_->params.push_back(param);
     impl_->names.push_back(item.key());
@@ -92,6 +98,7 @@ DDPCore::DDPCore(torch::nn::Module& module, DDPOptions options)
   impl_->reducer = Reducer::create(impl_->params, impl_->names, group, reducer_options);
   impl_->reducer->set_timeline(Timeline::open_for_rank(group->getRank()));
   if (group->getRank() == 0 && debug_level() != DebugLevel::kOff) info_log(describe(logging_data()));
+  claim_for_ddp(impl_->params);
 }
 
 // One line for TORCH_DISTRIBUTED_DEBUG=INFO.
@@ -123,7 +130,7 @@ int divisor_under_join(const Join& join, const JoinStatus& status, int world) {
 }
 }  // namespace
 
-DDPCore::~DDPCore() = default;
+DDPCore::~DDPCore() { release_from_ddp(impl_->params); }
 
 void DDPCore::before_forward() {
   int source = 0;                       // buffers come from rank 0 ...

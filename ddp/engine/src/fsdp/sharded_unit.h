@@ -1,0 +1,118 @@
+#pragma once
+// One fully_shard call's parameters: their shards, the gather before the block computes, and the
+// reduce-scatter of their gradients when the block's backward is done (fully_shard.h says when
+// each step runs). The registry of units, the tree a root's backward finishes, and the checks on
+// what fully_shard is given live in fully_shard.cpp.
+//
+// Thread-safety: the training thread drives a unit; the gradient hooks run on the thread running
+// backward (which the training thread waits on), so nothing runs concurrently.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/autograd/function.h>
+
+#include <ddp/fully_shard.h>
+
+#include "compat.h"
+#include "fsdp/shard_layout.h"
+
+namespace ddp::detail {
+
+class ShardTree;
+
+// The groups a unit's collectives run on.
+struct ShardGroups {
+  ProcessGroupPtr shard;      // the parameters are cut over these ranks
+  ProcessGroupPtr replicate;  // null, or HSDP's other dimension: the shards are copies across it
+  int data_parallel_size() const;
+};
+
+class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
+ public:
+  // Takes `params` (named `names` in `module`) as they are on rank 0 and keeps this rank's shard.
+  ShardedUnit(const std::shared_ptr<torch::nn::Module>& module, std::vector<std::string> names,
+              std::vector<at::Tensor> params, FSDPOptions options, ShardGroups groups);
+  ShardedUnit(const ShardedUnit&) = delete;
+  ShardedUnit& operator=(const ShardedUnit&) = delete;
+  ~ShardedUnit();
+
+  // The steps of an iteration (fully_shard.h, "One unit ... goes through").
+  void before_forward();
+  void after_forward(const std::vector<at::Tensor>& outputs);
+  void before_backward();
+  void finish_backward();  // the end of backward: reduces what the hooks did not
+
+  // Full parameters in the module, or the shards (a no-op when already so).
+  void unshard();
+  void reshard();
+
+  at::Tensor cast_input(const at::Tensor& input) const;
+  void set_requires_gradient_sync(bool sync) { requires_sync_ = sync; }
+
+  bool owns(const at::Tensor& param) const;
+  bool is_of(const torch::nn::Module& module) const;
+  bool module_alive() const { return !module_.expired(); }
+  std::shared_ptr<torch::nn::Module> module() const { return module_.lock(); }
+  const std::vector<std::string>& names() const { return names_; }
+  const FSDPOptions& options() const { return options_; }
+  std::shared_ptr<ShardTree> tree() const { return tree_; }
+  void set_tree(std::shared_ptr<ShardTree> tree) { tree_ = std::move(tree); }
+
+ private:
+  enum class State { kSharded, kUnsharded };
+  enum class Backward { kIdle, kExpecting, kReduced };
+
+  void arm_backward();
+  void disarm_backward();
+  void on_gradient_ready(size_t i);
+  void reduce_gradients();
+  bool keeps_after_forward() const;
+  c10::ScalarType compute_dtype() const;
+
+  std::weak_ptr<torch::nn::Module> module_;
+  const torch::nn::Module* module_address_;
+  std::vector<std::string> names_;
+  std::vector<at::Tensor> params_;  // the module's own tensors: their data is what we swap
+  FSDPOptions options_;
+  ShardGroups groups_;
+  ShardLayout layout_;
+  at::Tensor flat_shard_;  // this rank's padded chunks; params_ view it when sharded
+  std::vector<at::Tensor> shard_views_;
+  at::Tensor full_;  // every full parameter, one after the other (storage freed while sharded)
+  std::vector<at::Tensor> full_views_;
+  // While unsharded, each parameter's .grad is its full gradient and its shard's gradient waits
+  // here; while sharded, the other way round (a full gradient kept for accumulation waits here).
+  std::vector<at::Tensor> waiting_grads_;
+  State state_ = State::kSharded;
+  Backward backward_ = Backward::kIdle;
+  bool requires_sync_ = true;
+  std::shared_ptr<ShardTree> tree_;
+  // The gradient accumulators hooked for the coming backward, and how many have fired.
+  std::vector<compat::GradAccumulatorPtr> accumulators_;
+  std::vector<uintptr_t> hook_keys_;
+  std::vector<bool> ready_;
+  size_t pending_ = 0;
+};
+
+// The units that finish one backward together: a root and the units sharded inside it (or a unit
+// alone). The first unit whose backward starts asks the autograd engine to call finish() at the
+// end of that backward.
+class ShardTree : public std::enable_shared_from_this<ShardTree> {
+ public:
+  explicit ShardTree(std::weak_ptr<ShardedUnit> root) : root_(std::move(root)) {}
+  void add(std::weak_ptr<ShardedUnit> unit) { units_.push_back(std::move(unit)); }
+  bool is_root(const ShardedUnit* unit) const { return root_.lock().get() == unit; }
+  const std::vector<std::weak_ptr<ShardedUnit>>& units() const { return units_; }
+  void backward_started();
+
+ private:
+  void finish();
+  std::weak_ptr<ShardedUnit> root_;
+  std::vector<std::weak_ptr<ShardedUnit>> units_;
+  bool finish_queued_ = false;
+};
+
+}  // namespace ddp::detail

@@ -1,0 +1,262 @@
+// ddp::fully_shard (fully sharded data parallel): training equals one process on the whole batch
+// (SGD and Adam, W = 2 and 3, reshard_after_forward on and off, gradient accumulation), HSDP on a
+// 2 x 2 mesh equals DDP, bf16 mixed precision stays near float32, the shards really are 1/W, and
+// every refusal names what was wrong.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ddp/ddp.h>
+
+#include "models.h"
+#include "multiprocess.h"
+
+namespace {
+
+using namespace ddp::test;
+
+// A block with a residual: widths that no world size divides, so chunks are padded.
+struct ShardBlockImpl : torch::nn::Module {
+  explicit ShardBlockImpl(int64_t width) {
+    a = register_module("a", torch::nn::Linear(width, 7));
+    b = register_module("b", torch::nn::Linear(7, width));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x + b(torch::tanh(a(x))); }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+TORCH_MODULE(ShardBlock);
+
+// The model as a port writes it: the blocks are called through ddp::sharded_forward (a plain call
+// when nothing is sharded, as in the one-process reference).
+struct ShardNetImpl : torch::nn::Module {
+  ShardNetImpl() {
+    in = register_module("in", torch::nn::Linear(10, 11));
+    for (int i = 0; i < 3; ++i) blocks.push_back(register_module("block" + std::to_string(i), ShardBlock(11)));
+    out = register_module("out", torch::nn::Linear(11, 5));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    torch::Tensor h = in(x);
+    for (auto& block : blocks) h = ddp::sharded_forward(block, h);
+    return out(h);
+  }
+  torch::nn::Linear in{nullptr}, out{nullptr};
+  std::vector<ShardBlock> blocks;
+};
+TORCH_MODULE(ShardNet);
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(const std::string& kind, std::vector<torch::Tensor> params) {
+  if (kind == "adam") return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
+  return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
+}
+
+double max_difference(const torch::OrderedDict<std::string, torch::Tensor>& got, torch::nn::Module& want) {
+  double worst = 0;
+  const auto expected = want.named_parameters();
+  require(got.size() >= expected.size(), "full_state_dict holds " + std::to_string(got.size()) + " entries");
+  for (const auto& item : expected) {
+    const torch::Tensor* value = got.find(item.key());
+    require(value != nullptr, "full_state_dict lacks " + item.key());
+    require(value->sizes() == item.value().sizes(), item.key() + ": full shape differs");
+    worst = std::max(worst, (*value - item.value()).abs().max().item<double>());
+  }
+  return worst;
+}
+
+// Ten steps sharded against ten steps of one process on the whole batch, from the same weights.
+void train_against_one_process(const std::string& optimizer_kind, bool reshard_after_forward, int micro_batches) {
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  const std::string what = optimizer_kind + ", reshard_after_forward " + std::to_string(reshard_after_forward) +
+                           ", " + std::to_string(micro_batches) + " micro-batch(es), W=" + std::to_string(world);
+  torch::manual_seed(7);
+  ShardNet net, reference;
+  copy_parameters(*net, *reference);
+  const auto options = ddp::FSDPOptions().reshard_after_forward(reshard_after_forward);
+  for (auto& block : net->blocks) ddp::fully_shard(block, options);
+  auto model = ddp::fully_shard(net, options);
+  // The shards: 1/W of every parameter's rows (rounded up), none of the full tensors.
+  require(net->in->weight.size(0) == (11 + world - 1) / world - (rank == world - 1 ? (11 + world - 1) / world * world - 11 : 0),
+          what + ": rank " + std::to_string(rank) + " holds " + std::to_string(net->in->weight.size(0)) + " rows of in.weight");
+  auto optimizer = make_optimizer(optimizer_kind, net->parameters());
+  auto reference_optimizer = make_optimizer(optimizer_kind, reference->parameters());
+  for (int step = 0; step < 10; ++step) {
+    auto [x, y] = batch(step, 10, 12);
+    y = y.narrow(1, 0, 5);
+    optimizer->zero_grad();
+    reference_optimizer->zero_grad();
+    const int64_t rows = 12 / world / micro_batches;
+    for (int m = 0; m < micro_batches; ++m) {
+      model.set_requires_gradient_sync(m == micro_batches - 1);
+      auto mine_x = shard(x, rank, world).narrow(0, m * rows, rows), mine_y = shard(y, rank, world).narrow(0, m * rows, rows);
+      torch::mse_loss(model.forward(mine_x), mine_y).backward();
+      std::vector<torch::Tensor> all_x, all_y;
+      for (int r = 0; r < world; ++r) {
+        all_x.push_back(shard(x, r, world).narrow(0, m * rows, rows));
+        all_y.push_back(shard(y, r, world).narrow(0, m * rows, rows));
+      }
+      torch::mse_loss(reference->forward(torch::cat(all_x)), torch::cat(all_y)).backward();
+    }
+    optimizer->step();
+    reference_optimizer->step();
+  }
+  const double worst = max_difference(model.full_state_dict(), *reference);
+  require(worst <= 1e-5, what + ": parameters differ from one process by " + std::to_string(worst));
+}
+
+DDP_WORKER(fsdp_matches_one_process) {
+  worker_init();
+  for (const std::string kind : {"sgd", "adam"}) {
+    for (const bool reshard : {true, false}) {
+      for (const int micro_batches : {1, 2}) train_against_one_process(kind, reshard, micro_batches);
+    }
+  }
+}
+TEST(FullyShard, TrainsAsOneProcessOnTheWholeBatch) {
+  EXPECT_WORKERS_OK(run_workers("fsdp_matches_one_process", 2));
+  EXPECT_WORKERS_OK(run_workers("fsdp_matches_one_process", 3));
+  RunOptions gloo;
+  gloo.env["TORCHDDP_SHM"] = "0";
+  EXPECT_WORKERS_OK(run_workers("fsdp_matches_one_process", 2, gloo));
+}
+
+// HSDP: shards inside pairs {0,1} and {2,3}, replicas across them; equals DDP over the four.
+DDP_WORKER(fsdp_hybrid_matches_ddp) {
+  worker_init();
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  ddp::DeviceMesh mesh = ddp::init_device_mesh({2, 2}, {"replicate", "shard"});
+  torch::manual_seed(11);
+  ShardNet net, ddp_net;
+  copy_parameters(*net, *ddp_net);
+  const auto options = ddp::FSDPOptions().mesh(mesh);
+  for (auto& block : net->blocks) ddp::fully_shard(block, options);
+  auto model = ddp::fully_shard(net, options);
+  require(net->in->weight.size(0) == (mesh.coordinate()[1] == 0 ? 6 : 5), "in.weight is cut over the shard dimension only");
+  ddp::DistributedDataParallel ddp_model(ddp_net.ptr());
+  torch::optim::Adam optimizer(net->parameters(), 0.01), ddp_optimizer(ddp_net->parameters(), 0.01);
+  for (int step = 0; step < 10; ++step) {
+    auto [x, y] = batch(step, 10, 12);
+    y = y.narrow(1, 0, 5);
+    optimizer.zero_grad();
+    ddp_optimizer.zero_grad();
+    torch::mse_loss(model.forward(shard(x, rank, world)), shard(y, rank, world)).backward();
+    torch::mse_loss(ddp_model.forward(shard(x, rank, world)), shard(y, rank, world)).backward();
+    optimizer.step();
+    ddp_optimizer.step();
+  }
+  const double worst = max_difference(model.full_state_dict(), *ddp_net);
+  require(worst <= 1e-6, "HSDP differs from DDP by " + std::to_string(worst));
+}
+TEST(FullyShard, HybridShardingOnATwoByTwoMeshEqualsDDP) {
+  EXPECT_WORKERS_OK(run_workers("fsdp_hybrid_matches_ddp", 4));
+}
+
+// bf16 compute and all-gather, float32 reduction and shards: near float32 training, not equal.
+DDP_WORKER(fsdp_bf16_near_fp32) {
+  worker_init();
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  torch::manual_seed(5);
+  ShardNet net, fp32_net;
+  copy_parameters(*net, *fp32_net);
+  const auto bf16 = ddp::FSDPOptions().mixed_precision(
+      ddp::MixedPrecisionPolicy().param_dtype(torch::kBFloat16).reduce_dtype(torch::kFloat32));
+  for (auto& block : net->blocks) ddp::fully_shard(block, bf16);
+  auto model = ddp::fully_shard(net, bf16);
+  for (auto& block : fp32_net->blocks) ddp::fully_shard(block);
+  auto fp32_model = ddp::fully_shard(fp32_net);
+  torch::optim::SGD optimizer(net->parameters(), 0.05), fp32_optimizer(fp32_net->parameters(), 0.05);
+  for (int step = 0; step < 10; ++step) {
+    auto [x, y] = batch(step, 10, 12);
+    y = y.narrow(1, 0, 5);
+    optimizer.zero_grad();
+    fp32_optimizer.zero_grad();
+    auto output = model.forward(shard(x, rank, world));
+    require(output.scalar_type() == torch::kBFloat16, "the forward did not compute in bfloat16");
+    torch::mse_loss(output.to(torch::kFloat), shard(y, rank, world)).backward();
+    torch::mse_loss(fp32_model.forward(shard(x, rank, world)), shard(y, rank, world)).backward();
+    require(net->out->weight.grad().scalar_type() == torch::kFloat, "the shards' gradients are not float32");
+    optimizer.step();
+    fp32_optimizer.step();
+  }
+  require(net->out->weight.scalar_type() == torch::kFloat, "the shards are not float32");
+  const auto fp32_state = fp32_model.full_state_dict();
+  double worst_against_fp32 = 0;
+  const auto mine = model.full_state_dict();
+  for (const auto& item : fp32_state) {
+    worst_against_fp32 = std::max(worst_against_fp32, (*mine.find(item.key()) - item.value()).abs().max().item<double>());
+  }
+  require(worst_against_fp32 <= 3e-2, "bf16 training strays from float32 by " + std::to_string(worst_against_fp32));
+  require(worst_against_fp32 > 0, "bf16 training equals float32 bitwise: bf16 was not used");
+}
+TEST(FullyShard, BFloat16MixedPrecisionStaysNearFloat32) {
+  EXPECT_WORKERS_OK(run_workers("fsdp_bf16_near_fp32", 2));
+}
+
+struct IntParamImpl : torch::nn::Module {
+  IntParamImpl() {
+    fc = register_module("fc", torch::nn::Linear(3, 3));
+    steps = register_parameter("steps", torch::zeros({2}, torch::kLong), /*requires_grad=*/false);
+  }
+  torch::nn::Linear fc{nullptr};
+  torch::Tensor steps;
+};
+
+struct TiedImpl : torch::nn::Module {
+  TiedImpl() {
+    shared = torch::nn::Linear(4, 4);
+    first = register_module("first", ShardBlock(4));
+    second = register_module("second", ShardBlock(4));
+    first->register_module("tied", shared);
+    second->register_module("tied", shared);
+  }
+  torch::nn::Linear shared{nullptr};
+  ShardBlock first{nullptr}, second{nullptr};
+};
+
+DDP_WORKER(fsdp_refusals) {
+  worker_init();
+  const int rank = ddp::get_rank();
+  {
+    ShardNet net;
+    ddp::fully_shard(net->blocks[0]);
+    require_throws([&] { ddp::fully_shard(net->blocks[0]); }, "already sharded", "a block sharded twice");
+    ddp::fully_shard(net);
+    require_throws([&] { ddp::fully_shard(net->blocks[1]); }, "bottom-up", "a block sharded after its parent");
+    require_throws([&] { ddp::DistributedDataParallel refused(net.ptr()); }, "sharded by ddp::fully_shard",
+                   "DDP over a sharded module");
+  }
+  {
+    auto tied = std::make_shared<TiedImpl>();
+    ddp::fully_shard(tied->first);
+    require_throws([&] { ddp::fully_shard(tied->second); }, "shared between blocks", "a parameter shared by two blocks");
+  }
+  {
+    auto with_int = std::make_shared<IntParamImpl>();
+    require_throws([&] { ddp::fully_shard(with_int); }, "'steps' has dtype Long", "an integer parameter");
+  }
+  {
+    ShardNet net;
+    ddp::DistributedDataParallel wrapped(net.ptr());
+    require_throws([&] { ddp::fully_shard(net); }, "driven by DistributedDataParallel", "fully_shard after DDP");
+  }
+  {
+    ShardBlockImpl on_stack(4);
+    require_throws([&] { ddp::fully_shard(on_stack); }, "std::shared_ptr", "a module not held by a shared_ptr");
+  }
+  {
+    auto different = std::make_shared<ShardBlockImpl>(rank == 1 ? 5 : 4);
+    require_throws([&] { ddp::fully_shard(different); }, "rank(s) 1 of the group shard different parameters",
+                   "different models on the ranks");
+  }
+  {
+    ShardNet net;
+    ddp::DeviceMesh mesh = ddp::init_device_mesh({2, 1, 1});
+    require_throws([&] { ddp::fully_shard(net, ddp::FSDPOptions().mesh(mesh)); }, "3 dimensions", "a 3-D mesh");
+  }
+  // The world is still usable after every refusal.
+  torch::Tensor one = torch::ones({1});
+  ddp::all_reduce(one);
+  require(one.item<float>() == 2, "the group is unusable after the refusals");
+}
+TEST(FullyShard, RefusalsNameWhatWasWrong) {
+  EXPECT_WORKERS_OK(run_workers("fsdp_refusals", 2));
+}
+
+}  // namespace
