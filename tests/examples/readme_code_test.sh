@@ -10,8 +10,10 @@
 # 10-15 s): each fragment is a function, each program a namespace, their #include lines are moved
 # to the top, and #line directives make the compiler's errors name the Markdown file and line.
 #   readme_code_test.sh SOURCE_DIR CXX FLAGS_FILE [WORK_DIR]
-# FLAGS_FILE (tests/examples/CMakeLists.txt writes it) holds three lines: "flags <CMAKE_CXX_FLAGS, the
-# standard and ddp::ddp's compile options>", "definitions <ddp::ddp's, space-separated>", "includes <ddp::ddp's, colon-separated>".
+# FLAGS_FILE (tests/examples/CMakeLists.txt writes it) holds four lines: "flags <CMAKE_CXX_FLAGS and
+# ddp::ddp's compile options>", "features <CMAKE_CXX_STANDARD and ddp::ddp's compile features, such
+# as cxx_std_20 from torch 2.15's package>", "definitions <ddp::ddp's, space-separated>" and
+# "includes <ddp::ddp's, colon-separated>".
 set -u -o pipefail
 src=$1 cxx=$2 flags_file=$(realpath -m "$3") work=$(realpath -m "${4:-$(mktemp -d)}")
 mkdir -p "$work"
@@ -91,8 +93,14 @@ failures=$(grep -c '^FAIL' "$report")
 # This build's compile line for a program that links ddp::ddp: its flags, definitions and include
 # paths; those outside the checkout (LibTorch's) as system ones, as CMake gives them (the
 # compiler's own stay where they are: -isystem /usr/include would break #include_next).
+# The standard: the highest of CMAKE_CXX_STANDARD and the cxx_std_NN features (as CMake picks it).
+standard=17
+for feature in $(sed -n 's/^features //p' "$flags_file"); do
+  feature=${feature#cxx_std_}
+  [[ $feature =~ ^[0-9]+$ ]] && ((10#$feature > standard)) && standard=$((10#$feature))
+done
 read -r -a flags <<<"$(sed -n 's/^flags //p' "$flags_file")"
-args=("${flags[@]}")
+args=(-std=gnu++$standard "${flags[@]}")
 for definition in $(sed -n 's/^definitions //p' "$flags_file"); do args+=("-D$definition"); done
 IFS=: read -r -a dirs <<<"$(sed -n 's/^includes //p' "$flags_file")"
 for dir in "${dirs[@]}"; do
