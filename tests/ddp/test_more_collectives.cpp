@@ -138,6 +138,84 @@ TEST(MoreCollectives, EachMatchesTheResultComputedFromEveryRanksInput) {
   EXPECT_WORKERS_OK(run_workers("more_collectives", 3, gloo));  // over Gloo alone
 }
 
+// The same collectives at c10d level, on the group handle (_reduce_scatter_base, _allgather_base),
+// as code written against c10d calls them: float, double and int64, per-rank sizes around the
+// shared-memory steps (512 KiB per chunk, split among the W - 1 peers), in place and not, waited
+// on through the Work or its future. References: sums computed here from every rank's input.
+void check_c10d_halves(const ddp::ProcessGroupPtr& group) {
+  const int rank = group->getRank(), world = group->getSize();
+  const std::string where = " (rank " + std::to_string(rank) + " of " + std::to_string(world) + ", " +
+                            ddp::transport(group) + ")";
+  int call = 0;
+  for (auto dtype : {torch::kFloat, torch::kDouble, torch::kLong}) {
+    for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{32767}, int64_t{32768}, int64_t{32769}, int64_t{65535},
+                      int64_t{65536}, int64_t{65537}, int64_t{131072}, int64_t{131073}}) {
+      const std::string what = std::string(c10::toString(dtype)) + " n=" + std::to_string(n) + where;
+      std::vector<torch::Tensor> inputs;
+      for (int q = 0; q < world; ++q) inputs.push_back(input_of(q, world * n, dtype));
+      const auto sum = reduce_locally(inputs, c10d::ReduceOp::SUM);
+      const bool in_place = ++call % 3 == 0, through_future = call % 2 == 0;
+      auto input = inputs[rank].clone();
+      auto output = in_place ? input.narrow(0, rank * n, n) : torch::empty({n}, dtype);
+      c10d::ReduceScatterOptions options;
+      options.reduceOp = c10d::ReduceOp::SUM;
+      auto work = group->_reduce_scatter_base(output, input, options);
+      if (through_future) {
+        work->getFuture()->wait();
+        require(!work->getFuture()->hasError(), "_reduce_scatter_base's future failed, " + what);
+      } else {
+        ddp::wait_collective(work, "_reduce_scatter_base");
+      }
+      require(same(output, sum.narrow(0, rank * n, n)), "_reduce_scatter_base" + std::string(in_place ? " in place, " : ", ") + what);
+      if (!in_place) require(torch::equal(input, inputs[rank]), "_reduce_scatter_base changed its input, " + what);
+
+      auto piece = input_of(rank, n, dtype);
+      auto gathered = torch::empty({world * n}, dtype);
+      if (in_place) gathered.narrow(0, rank * n, n).copy_(piece);
+      auto mine = in_place ? gathered.narrow(0, rank * n, n) : piece;
+      auto gather_work = group->_allgather_base(gathered, mine);
+      ddp::wait_collective(gather_work, "_allgather_base");
+      std::vector<torch::Tensor> pieces;
+      for (int q = 0; q < world; ++q) pieces.push_back(input_of(q, n, dtype));
+      require(torch::equal(gathered, torch::cat(pieces)), "_allgather_base" + std::string(in_place ? " in place, " : ", ") + what);
+    }
+  }
+}
+
+DDP_WORKER(c10d_halves) {
+  worker_init();
+  check_c10d_halves(ddp::default_group());
+}
+TEST(MoreCollectives, C10dReduceScatterAndAllgatherBaseOnTheGroupHandle) {
+  for (int world : {2, 3}) EXPECT_WORKERS_OK(run_workers("c10d_halves", world));
+  RunOptions gloo;
+  gloo.env["TORCHDDP_SHM"] = "0";
+  for (int world : {2, 3}) EXPECT_WORKERS_OK(run_workers("c10d_halves", world, gloo));  // over Gloo alone
+}
+
+// Without TORCH_DISTRIBUTED_DEBUG, shared memory's own check names a rank in reduce-scatter while
+// the other is in all-gather (its descriptors, at no extra round trip): never paired.
+DDP_WORKER(halves_desync_shm) {
+  worker_init(std::chrono::seconds(20));
+  const int rank = ddp::get_rank();
+  auto small = torch::zeros({2}), large = torch::zeros({4});
+  try {
+    if (rank == 0) {
+      ddp::reduce_scatter_tensor(small, large);
+    } else {
+      ddp::all_gather_into_tensor(large, small);
+    }
+    fail("mismatched collectives were paired");
+  } catch (const ddp::CollectiveError& error) {
+    require_mentions(error.what(), "not running the same collective", "the shared-memory check");
+    require_mentions(error.what(), "rank 0 runs reduce_scatter", "rank 0's collective");
+    require_mentions(error.what(), "rank 1 runs allgather", "rank 1's collective");
+  }
+}
+TEST(MoreCollectives, MismatchedCollectivesAreNamedOverSharedMemory) {
+  EXPECT_WORKERS_OK(run_workers("halves_desync_shm", 2));
+}
+
 DDP_WORKER(more_collectives_bad_input) {
   worker_init(std::chrono::seconds(20));
   const int rank = ddp::get_rank();

@@ -1,7 +1,8 @@
 // The rest of torch.distributed's collectives (process_group.h): reduce_scatter_tensor,
 // all_gather_into_tensor, all_to_all_single, reduce, gather, scatter, point to point and
 // monitored_barrier, each checked for bad input on every rank before it runs, then one c10d call
-// on the group (through shared memory where the group's channel serves it) and a bounded wait.
+// on the group (through shared memory where the group's channel serves it; owned_group.h) and a
+// bounded wait.
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -34,12 +35,6 @@ void require_rank(int rank, const ProcessGroupPtr& pg, const char* who, const ch
   require(rank >= 0 && rank < pg->getSize(), who,
           std::string(name) + " " + std::to_string(rank) + " is not a rank of the group, whose ranks are 0 to " +
               std::to_string(pg->getSize() - 1) + " (ranks of the group, not of the world: see get_global_rank)");
-}
-
-// Chunk r of `tensor` read as W chunks of `like`'s shape, one after the other.
-at::Tensor chunk(const at::Tensor& tensor, int r, const at::Tensor& like) {
-  const int64_t n = like.numel();
-  return tensor.view(-1).narrow(0, r * n, n).view(like.sizes());
 }
 
 void require_split(std::vector<int64_t>& splits, const at::Tensor& tensor, int world, const char* who,
@@ -75,20 +70,11 @@ void reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, c10d::Re
           "input must hold the group's size (" + std::to_string(pg->getSize()) + ") times output's elements, of its "
           "dtype; it holds " + std::to_string(input.numel()) + " for " + std::to_string(output.numel()));
   detail::verify_if_detail(pg, detail::fingerprint(detail::CollectiveOp::kReduceScatter, input, -1, static_cast<int64_t>(op)), who);
+  // The group's own (owned_group.h: shared memory on one host; over Gloo alone, what Gloo has).
   c10d::ReduceScatterOptions options;
   options.reduceOp = op;
-  if (is_nccl(pg)) {
-    at::Tensor in = input;
-    wait_collective(pg->_reduce_scatter_base(output, in, options), who);
-    return;
-  }
-  // Gloo has no reduce-scatter of its own in every LibTorch: the whole input reduced (through
-  // shared memory on one host), then this rank's chunk.
-  std::vector<at::Tensor> whole{input.clone()};
-  c10d::AllreduceOptions all;
-  all.reduceOp = op;
-  wait_collective(pg->allreduce(whole, all), who);
-  output.copy_(chunk(whole[0], pg->getRank(), output));
+  at::Tensor in = input;
+  wait_collective(pg->_reduce_scatter_base(output, in, options), who);
 }
 
 void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const ProcessGroupPtr& group) {
@@ -100,15 +86,9 @@ void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const P
           "output must hold the group's size (" + std::to_string(pg->getSize()) + ") times input's elements, of its "
           "dtype; it holds " + std::to_string(output.numel()) + " for " + std::to_string(input.numel()));
   detail::verify_if_detail(pg, detail::fingerprint(detail::CollectiveOp::kAllGatherIntoTensor, input), who);
-  std::vector<at::Tensor> inputs{input};
-  if (is_nccl(pg)) {
-    wait_collective(pg->_allgather_base(output, inputs[0]), who);
-    return;
-  }
-  // Gloo's list form, each rank's piece received straight into its chunk of `output`.
-  std::vector<std::vector<at::Tensor>> outputs(1);
-  for (int r = 0; r < pg->getSize(); ++r) outputs[0].push_back(chunk(output, r, input));
-  wait_collective(pg->allgather(outputs, inputs), who);
+  // The group's own (owned_group.h: shared memory on one host; over Gloo alone, what Gloo has).
+  at::Tensor in = input;
+  wait_collective(pg->_allgather_base(output, in), who);
 }
 
 void all_to_all_single(at::Tensor& output, const at::Tensor& input, std::vector<int64_t> output_split_sizes,

@@ -2,6 +2,12 @@
 // where the shared-memory channel serves the collective.
 #include "owned_group.h"
 
+#include <functional>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+
 #include "shm/channel.h"
 
 namespace ddp::detail {
@@ -73,14 +79,100 @@ c10::intrusive_ptr<c10d::Work> OwnedGroup::barrier(const c10d::BarrierOptions& o
   return inner_->barrier(opts);
 }
 
+// --- the collectives into or out of one tensor: shared memory, else Gloo through what it has ------
+
+namespace {
+
+// A Work that completes once `inner` has and `then` (a local step on its result) has run after it,
+// on the thread that completed `inner`, so the caller goes on meanwhile as with any collective.
+// wait() is inner's (bounded by the group's timeout, failing with the backend's words), then the
+// local step's.
+class ThenWork final : public c10d::Work {
+ public:
+  ThenWork(c10::intrusive_ptr<c10d::Work> inner, std::function<void()> then, std::vector<at::Tensor> result,
+           c10d::OpType type)
+      : c10d::Work(-1, type), inner_(std::move(inner)), result_(std::move(result)) {
+    future_ = inner_->getFuture()->then(
+        [then = std::move(then), result = result_](c10::ivalue::Future& done) {
+          done.value();  // rethrows inner's failure: this future fails with it, and `then` does not run
+          then();
+          return c10::IValue(result);
+        },
+        c10::ListType::create(c10::TensorType::get()));
+  }
+  bool isCompleted() override { return future_->completed(); }
+  bool wait(std::chrono::milliseconds timeout) override {
+    inner_->wait(timeout);
+    future_->wait();
+    if (future_->hasError()) std::rethrow_exception(future_->exception_ptr());
+    return true;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return result_; }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> inner_;
+  std::vector<at::Tensor> result_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// What _reduce_scatter_base and _allgather_base take, checked where Gloo would not (its own
+// checks, of dtypes and devices, follow): `whole` holds the group's size times `piece`'s elements.
+void check_pieces(const at::Tensor& piece, const at::Tensor& whole, int size, const char* who, const char* names) {
+  TORCH_CHECK(piece.defined() && whole.defined() && piece.is_contiguous() && whole.is_contiguous(), who,
+              ": the tensors must be defined and contiguous");
+  TORCH_CHECK(whole.numel() == piece.numel() * size && whole.scalar_type() == piece.scalar_type(), who, ": ", names,
+              " the group's size (", size, ") times the other's elements, of its dtype; it holds ", whole.numel(),
+              " for ", piece.numel());
+}
+
+// Piece r of `whole` read as pieces of `piece`'s shape, one after the other.
+at::Tensor piece_of(const at::Tensor& whole, int r, const at::Tensor& piece) {
+  const int64_t n = piece.numel();
+  return whole.view(-1).narrow(0, r * n, n).view(piece.sizes());
+}
+
+}  // namespace
+
+bool OwnedGroup::gloo() const { return inner_->getBackendName() == "gloo"; }
+
+c10::intrusive_ptr<c10d::Work> OwnedGroup::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                const c10d::ReduceScatterOptions& opts) {
+  if (shm_ && shm_->serves_reduce_scatter(output, input, opts.reduceOp)) {
+    return shm_->reduce_scatter(output, input, opts.reduceOp);
+  }
+  if (!gloo()) return inner_->_reduce_scatter_base(output, input, opts);
+  // Gloo has no reduce-scatter into one tensor in every LibTorch (1.13's has none): the whole input
+  // reduced in a copy (Gloo's allreduce; the caller's input stays as it was), then this rank's piece.
+  check_pieces(output, input, getSize(), "_reduce_scatter_base", "input must hold");
+  std::vector<at::Tensor> whole{input.clone()};
+  c10d::AllreduceOptions all;
+  all.reduceOp = opts.reduceOp;
+  all.timeout = opts.timeout;
+  auto reduced = inner_->allreduce(whole, all);
+  const int rank = getRank();
+  return c10::make_intrusive<ThenWork>(
+      reduced, [output, whole = whole[0], rank]() mutable { output.copy_(piece_of(whole, rank, output)); },
+      std::vector<at::Tensor>{output}, c10d::OpType::_REDUCE_SCATTER_BASE);
+}
+
+c10::intrusive_ptr<c10d::Work> OwnedGroup::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                           const c10d::AllgatherOptions& opts) {
+  if (shm_ && shm_->serves_allgather_into(output, input)) return shm_->allgather_into(output, input);
+  if (!gloo()) return inner_->_allgather_base(output, input, opts);
+  // Gloo's list form (1.13's Gloo has no _allgather_base), each rank's piece received straight
+  // into its place in `output`.
+  check_pieces(input, output, getSize(), "_allgather_base", "output must hold");
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < getSize(); ++r) outputs[0].push_back(piece_of(output, r, input));
+  std::vector<at::Tensor> inputs{input};
+  return inner_->allgather(outputs, inputs, opts);
+}
+
 // --- everything else: the backend's group --------------------------------------------------------
 
 c10::intrusive_ptr<c10d::Work> OwnedGroup::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   return inner_->reduce(tensors, opts);
-}
-c10::intrusive_ptr<c10d::Work> OwnedGroup::_allgather_base(at::Tensor& output, at::Tensor& input,
-                                                           const c10d::AllgatherOptions& opts) {
-  return inner_->_allgather_base(output, input, opts);
 }
 c10::intrusive_ptr<c10d::Work> OwnedGroup::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                std::vector<at::Tensor>& inputs,
@@ -100,10 +192,6 @@ c10::intrusive_ptr<c10d::Work> OwnedGroup::reduce_scatter(std::vector<at::Tensor
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ReduceScatterOptions& opts) {
   return inner_->reduce_scatter(outputs, inputs, opts);
-}
-c10::intrusive_ptr<c10d::Work> OwnedGroup::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
-                                                                const c10d::ReduceScatterOptions& opts) {
-  return inner_->_reduce_scatter_base(output, input, opts);
 }
 c10::intrusive_ptr<c10d::Work> OwnedGroup::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                          std::vector<int64_t>& output_split_sizes,

@@ -3,9 +3,12 @@
 // split_off make is an OwnedGroup around the backend's own group (Gloo or NCCL). It carries what
 // the library must know of a group - how it was made (so DDP can split off a group of its own),
 // its timeout, its Gloo device - and, for a Gloo group whose ranks all share one host, the
-// shared-memory channel (shm/channel.h) that runs its CPU allreduce (also coalesced), broadcast, allgather and
-// barrier without TCP (for ranks on several hosts, the same number on each: its allreduce alone,
-// hierarchically). Everything else forwards to the backend's group unchanged.
+// shared-memory channel (shm/channel.h) that runs its CPU allreduce (also coalesced), reduce-scatter
+// and allgather (into one tensor or a list), broadcast and barrier without TCP (for ranks on
+// several hosts, the same number on each: its allreduce alone, hierarchically). Where it does not,
+// a Gloo group still takes _reduce_scatter_base and _allgather_base, which 1.13's Gloo lacks: an
+// allreduce of a copy and this rank's piece of it; the list allgather into the output's pieces.
+// Everything else forwards to the backend's group unchanged.
 //
 // 1.13: an OwnedGroup is the c10d::ProcessGroup itself. 2.x: it is the c10d::Backend the
 // ProcessGroup dispatches to (compat.h), for CPU tensors (Gloo) or CUDA tensors (NCCL).
@@ -131,6 +134,8 @@ class OwnedGroup final : public compat::CollectiveBackend {
   uint64_t getSequenceNumberForGroup() override { return inner_->getSequenceNumberForGroup(); }
 
  private:
+  bool gloo() const;  // the backend's group is Gloo's
+
   c10::intrusive_ptr<compat::CollectiveBackend> inner_;
   GroupRecipe recipe_;
   std::shared_ptr<::gloo::transport::Device> device_;

@@ -20,6 +20,8 @@ bool Channel::serves_scaled_sum(const std::vector<at::Tensor>&) const { return f
 bool Channel::serves_allgather(const std::vector<std::vector<at::Tensor>>&, const std::vector<at::Tensor>&) const {
   return false;
 }
+bool Channel::serves_reduce_scatter(const at::Tensor&, const at::Tensor&, c10d::ReduceOp) const { return false; }
+bool Channel::serves_allgather_into(const at::Tensor&, const at::Tensor&) const { return false; }
 #define DDP_NO_SHM_CHANNEL(name) TORCH_INTERNAL_ASSERT(false, "shared memory is not available on Windows: " name)
 c10::intrusive_ptr<c10d::Work> Channel::allreduce(std::vector<at::Tensor>&, c10d::ReduceOp, double) {
   DDP_NO_SHM_CHANNEL("allreduce");
@@ -28,6 +30,10 @@ c10::intrusive_ptr<c10d::Work> Channel::broadcast(std::vector<at::Tensor>&, int)
 c10::intrusive_ptr<c10d::Work> Channel::allgather(std::vector<std::vector<at::Tensor>>&, std::vector<at::Tensor>&) {
   DDP_NO_SHM_CHANNEL("allgather");
 }
+c10::intrusive_ptr<c10d::Work> Channel::reduce_scatter(at::Tensor&, at::Tensor&, c10d::ReduceOp) {
+  DDP_NO_SHM_CHANNEL("reduce_scatter");
+}
+c10::intrusive_ptr<c10d::Work> Channel::allgather_into(at::Tensor&, at::Tensor&) { DDP_NO_SHM_CHANNEL("allgather_into"); }
 c10::intrusive_ptr<c10d::Work> Channel::barrier() { DDP_NO_SHM_CHANNEL("barrier"); }
 std::vector<at::Tensor> Channel::shared_zeros(const std::vector<std::pair<int64_t, at::TensorOptions>>&) { return {}; }
 c10::intrusive_ptr<c10d::Work> Channel::shared_sum(at::Tensor&, double) { DDP_NO_SHM_CHANNEL("shared_sum"); }
@@ -136,6 +142,15 @@ std::optional<Op> op_of(c10d::ReduceOp op) {
 
 bool dense_cpu(const at::Tensor& tensor) {
   return tensor.defined() && tensor.device().is_cpu() && tensor.layout() == at::kStrided && tensor.is_contiguous();
+}
+
+// `piece` is the `rank`-th of the pieces `whole` is cut into, exactly, or shares no byte with it:
+// what the core's reduce_scatter and allgather accept.
+bool piece_or_apart(const at::Tensor& piece, const at::Tensor& whole, int rank) {
+  const auto* p = static_cast<const unsigned char*>(piece.data_ptr());
+  const auto* w = static_cast<const unsigned char*>(whole.data_ptr());
+  const std::size_t bytes = piece.nbytes();
+  return p == w + rank * bytes || p + bytes <= w || w + whole.nbytes() <= p;
 }
 
 }  // namespace
@@ -286,6 +301,18 @@ bool Channel::serves_allgather(const std::vector<std::vector<at::Tensor>>& outpu
   return true;
 }
 
+bool Channel::serves_reduce_scatter(const at::Tensor& output, const at::Tensor& input, c10d::ReduceOp op) const {
+  if (hierarchical_ || !dense_cpu(output) || !dense_cpu(input) || output.scalar_type() != input.scalar_type()) return false;
+  const std::optional<DType> dtype = dtype_of(input.scalar_type());
+  return dtype && op_of(op) && supported(*dtype, *op_of(op)) && input.numel() == output.numel() * communicator_->size() &&
+         piece_or_apart(output, input, communicator_->rank());
+}
+
+bool Channel::serves_allgather_into(const at::Tensor& output, const at::Tensor& input) const {
+  return !hierarchical_ && dense_cpu(output) && dense_cpu(input) && output.scalar_type() == input.scalar_type() &&
+         output.numel() == input.numel() * communicator_->size() && piece_or_apart(input, output, communicator_->rank());
+}
+
 // --- the collectives: queued, run in order on the channel's thread ------------------------------
 
 c10::intrusive_ptr<c10d::Work> Channel::allreduce(std::vector<at::Tensor>& tensors, c10d::ReduceOp op, double scale) {
@@ -322,6 +349,21 @@ c10::intrusive_ptr<c10d::Work> Channel::allgather(std::vector<std::vector<at::Te
     at::Tensor gathered = at::empty({static_cast<int64_t>(out.size()), input.numel()}, input.options());
     communicator_->allgather(input.data_ptr(), input.nbytes(), gathered.data_ptr());
     for (size_t r = 0; r < out.size(); ++r) out[r].copy_(gathered[static_cast<int64_t>(r)].view(out[r].sizes()));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> Channel::reduce_scatter(at::Tensor& output, at::Tensor& input, c10d::ReduceOp op) {
+  const DType dtype = *dtype_of(input.scalar_type());
+  const Op reduce = *op_of(op);
+  return issue(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, where_for(input.nbytes()), [this, output, input, dtype, reduce] {
+    communicator_->reduce_scatter(input.data_ptr(), static_cast<std::size_t>(output.numel()), output.data_ptr(), dtype, reduce);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> Channel::allgather_into(at::Tensor& output, at::Tensor& input) {
+  // Every rank's piece straight into its place in `output`: no gathering buffer.
+  return issue(c10d::OpType::_ALLGATHER_BASE, {output}, where_for(output.nbytes()), [this, output, input] {
+    communicator_->allgather(input.data_ptr(), input.nbytes(), output.data_ptr());
   });
 }
 

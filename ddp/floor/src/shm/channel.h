@@ -14,7 +14,9 @@
 // float16 (summed in float32), int32, int64 or uint8; allreduce of one tensor or of a list of one
 // dtype taken as one array (c10d's allreduce_coalesced; DDP's buckets reduced where the gradients
 // lie) with SUM, AVG, MAX, MIN, PRODUCT (AVG only of floating types; a floating SUM may be scaled
-// in the same pass); broadcast; allgather into same-shaped outputs; barrier. Hierarchical: the
+// in the same pass); reduce-scatter of one tensor into one (c10d's _reduce_scatter_base) with the
+// same reductions; broadcast; allgather into same-shaped outputs or into one tensor
+// (_allgather_base); barrier. Hierarchical: the
 // allreduce alone, of float32, float64, int32 and int64. The owner (owned_group.h) sends
 // everything else to Gloo.
 //
@@ -74,6 +76,12 @@ class Channel {
   bool serves_scaled_sum(const std::vector<at::Tensor>& tensors) const;
   bool serves_allgather(const std::vector<std::vector<at::Tensor>>& outputs,
                         const std::vector<at::Tensor>& inputs) const;
+  // c10d's _reduce_scatter_base: dense CPU tensors of one dtype and a reduction allreduce serves,
+  // input size() times output's elements, output this rank's piece of input or apart from it.
+  bool serves_reduce_scatter(const at::Tensor& output, const at::Tensor& input, c10d::ReduceOp op) const;
+  // c10d's _allgather_base: dense CPU tensors of one dtype (any), output size() times input's
+  // elements, input this rank's piece of output or apart from it.
+  bool serves_allgather_into(const at::Tensor& output, const at::Tensor& input) const;
 
   // Every tensor becomes its part of the reduction of the list taken as one array; `scale` (other
   // than 1 only for SUM of floating tensors) multiplies the sum in the same pass.
@@ -81,6 +89,10 @@ class Channel {
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, int root);
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs);
+  // output becomes the reduction over the ranks of this rank's piece of input; output receives
+  // every rank's input, in rank order. Straight between the tensors and the shared buffers.
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(at::Tensor& output, at::Tensor& input, c10d::ReduceOp op);
+  c10::intrusive_ptr<c10d::Work> allgather_into(at::Tensor& output, at::Tensor& input);
   c10::intrusive_ptr<c10d::Work> barrier();
 
   // DDP's buckets in memory every rank of the group maps (communicator.h, SharedArray) - across
