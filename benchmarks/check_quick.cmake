@@ -24,9 +24,10 @@ foreach(file results.csv results.json steps_mlp_b4_w1.png steps_mlp_b4_w2.png al
   endif()
 endforeach()
 # One CSV row per variant and world: 4 naive/local + 2 x 5 bucket sizes + ours_gloo + ours_view +
-# 7 features (join, detail, auto, optimizer, adam, zero_adam, zero_adam_overlap) + 5 hooks = 28 per world.
+# 8 features (join, detail, auto, optimizer, adam, zero_adam, zero_adam_overlap, fsdp_adam) + 5 hooks = 29
+# per world.
 file(STRINGS ${OUT}/results.csv rows REGEX "^mlp,")
 list(LENGTH rows count)
-if(NOT count EQUAL 56)
-  message(FATAL_ERROR "expected 56 result rows (28 variants x worlds 1 and 2), got ${count}")
+if(NOT count EQUAL 58)
+  message(FATAL_ERROR "expected 58 result rows (29 variants x worlds 1 and 2), got ${count}")
 endif()

@@ -274,6 +274,7 @@ void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& 
   const double steady_pss = proportional_set_mib();
   // Each rank's optimizer state (ZeRO: its shard's), gathered for rank 0's report.
   const auto state_bytes = ddp::all_gather(torch::tensor({variant.optimizer_state_bytes()}, torch::kLong), group);
+  const auto library_bytes = variant.library_bytes();
   ddp::barrier(group);
   if (group->getRank() != 0) return;
   std::vector<int64_t> state_per_rank;
@@ -288,6 +289,15 @@ void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& 
               {"steady_pss_delta_mib", steady_pss - baseline_pss},
               {"optimizer_state_bytes_per_rank", state_per_rank},
               {"largest_parameter_bytes", largest_parameter_bytes}};
+  for (const auto& [name, bytes] : library_bytes) out["library_bytes"][name] = bytes;
+  int64_t largest_block_bytes = 0;  // fully_shard's promise: 16/W per parameter plus one block
+  for (const auto& block : model->shard_blocks()) {
+    int64_t bytes = 0;
+    for (const auto& param : block->parameters()) bytes += param.numel() * 4;
+    largest_block_bytes = std::max(largest_block_bytes, bytes);
+  }
+  out["largest_block_bytes"] = largest_block_bytes;
+  out["parameters"] = parameter_count(config);
   std::ofstream(fs::path(o.out) / memory_file(config, group->getSize(), spec)) << out.dump(1) << "\n";
 }
 
@@ -506,6 +516,7 @@ std::vector<VariantSpec> memory_variants(const Options& o) {
   specs.push_back({Kind::ours_adam, hook_cap(o.caps)});
   specs.push_back({Kind::ours_zero_adam, hook_cap(o.caps)});
   specs.push_back({Kind::ours_zero_adam_overlap, hook_cap(o.caps)});
+  specs.push_back({Kind::fsdp_adam});
   return specs;
 }
 

@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include <ddp/fully_shard.h>
 #include <ddp/sync_batchnorm.h>
 
 namespace bench {
@@ -19,8 +20,13 @@ struct Mlp : BenchNet {
     head = register_module("head", torch::nn::Linear(c.mlp_width, kClasses));
   }
   at::Tensor forward(at::Tensor x) override {
-    for (auto& layer : hidden) x = torch::relu(layer->forward(x));
+    for (auto& layer : hidden) x = torch::relu(ddp::sharded_forward(layer, x));
     return head->forward(x);
+  }
+  std::vector<std::shared_ptr<torch::nn::Module>> shard_blocks() override {
+    std::vector<std::shared_ptr<torch::nn::Module>> all;
+    for (auto& layer : hidden) all.push_back(layer.ptr());
+    return all;
   }
   std::vector<torch::nn::Linear> hidden;
   torch::nn::Linear head{nullptr};
@@ -71,11 +77,14 @@ struct SmallResNet : BenchNet {
   }
   at::Tensor forward(at::Tensor x) override {
     x = torch::relu(stem_bn->forward(stem->forward(x)));
-    for (auto& block : blocks) x = block->forward(x);
+    for (auto& block : blocks) x = ddp::sharded_forward(block, x);
     return head->forward(x.mean({2, 3}));
   }
   torch::nn::Conv2d stem{nullptr};
   Norm stem_bn{nullptr};
+  std::vector<std::shared_ptr<torch::nn::Module>> shard_blocks() override {
+    return std::vector<std::shared_ptr<torch::nn::Module>>(blocks.begin(), blocks.end());
+  }
   std::vector<std::shared_ptr<ResidualBlock<Norm>>> blocks;
   torch::nn::Linear head{nullptr};
 };

@@ -2,6 +2,7 @@
 // The networks ddp_bench trains: a communication-heavy MLP and a small ResNet-style conv net.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -10,6 +11,8 @@ namespace bench {
 // A common base so one DistributedDataParallel<BenchNet> type wraps every model.
 struct BenchNet : torch::nn::Module {
   virtual at::Tensor forward(at::Tensor x) = 0;
+  // What fsdp_adam shards one by one (the forward calls them through ddp::sharded_forward).
+  virtual std::vector<std::shared_ptr<torch::nn::Module>> shard_blocks() = 0;
 };
 
 // What one timing job trains: the model and the batch per rank.

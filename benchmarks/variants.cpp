@@ -181,6 +181,32 @@ Variant ours(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::Pro
   return v;
 }
 
+// Every block sharded (the MLP's hidden layers, the ResNet's residual blocks), then the root (the
+// rest); Adam over the shards. Collectives per step: each block gathers for its forward and again
+// for its backward and reduce-scatters once; the root gathers and reduce-scatters once.
+Variant fsdp(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::ProcessGroupPtr& group) {
+  const auto options = ddp::FSDPOptions().process_group(group);
+  const auto blocks = model->shard_blocks();
+  for (auto block : blocks) ddp::fully_shard(block, options);
+  auto sharded = std::make_shared<ddp::FSDPModule<BenchNet>>(ddp::fully_shard(model, options));
+  auto optimizer = std::make_shared<torch::optim::Adam>(model->parameters(), torch::optim::AdamOptions(1e-3));
+  Variant v;
+  v.step = [=] {
+    optimizer->zero_grad();
+    torch::nn::functional::cross_entropy(sharded->forward(batch.x), batch.y).backward();
+    optimizer->step();
+  };
+  v.collectives = [n = static_cast<int64_t>(blocks.size())] { return 3 * n + 2; };
+  v.optimizer_state_bytes = [optimizer] { return ddp::optimizer_state_bytes(*optimizer); };
+  v.library_bytes = [sharded] {
+    const auto stats = sharded->memory_stats();
+    return std::vector<std::pair<std::string, int64_t>>{{"parameter_bytes", stats.parameter_bytes},
+                                                        {"gradient_bytes", stats.gradient_bytes},
+                                                        {"peak_unsharded_bytes", stats.peak_unsharded_bytes}};
+  };
+  return v;
+}
+
 // c10d::Reducer's constructor by release (checked: reducer.hpp of 1.13, 2.6 and 2.15): 1.13 and 2.6
 // take the per-bucket size limits third and default everything after first_bucket_bytes_cap; 2.15
 // takes no limits and requires skip_all_reduce_unused_params, use_python_reducer and
@@ -291,6 +317,7 @@ std::string VariantSpec::kind_name() const {
     case Kind::ours_adam: return "ours+adam";
     case Kind::ours_zero_adam: return "ours+zero_adam";
     case Kind::ours_zero_adam_overlap: return "ours+zero_adam_overlap";
+    case Kind::fsdp_adam: return "fsdp_adam";
   }
   return "?";
 }
@@ -311,7 +338,8 @@ VariantSpec parse_variant(const std::string& id) {
                     Kind::ours_gloo, Kind::ours_view,
                     Kind::ours_join, Kind::ours_detail, Kind::ours_auto, Kind::ours_optimizer, Kind::ours_fp16, Kind::ours_bf16,
                     Kind::ours_powersgd1, Kind::ours_powersgd4, Kind::reducer_fp16,
-                    Kind::ours_syncbn, Kind::ours_adam, Kind::ours_zero_adam, Kind::ours_zero_adam_overlap}) {
+                    Kind::ours_syncbn, Kind::ours_adam, Kind::ours_zero_adam, Kind::ours_zero_adam_overlap,
+                    Kind::fsdp_adam}) {
     spec.kind = kind;
     if (spec.kind_name() == name) return spec;
   }
@@ -342,6 +370,7 @@ std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std
     specs.push_back({Kind::ours_adam, hook_cap(caps)});
     specs.push_back({Kind::ours_zero_adam, hook_cap(caps)});
     specs.push_back({Kind::ours_zero_adam_overlap, hook_cap(caps)});
+    specs.push_back({Kind::fsdp_adam});
   }
   if (features && batchnorm && !view_caps.empty()) specs.push_back({Kind::ours_syncbn, view_caps.front()});
   if (hooks) {
@@ -355,7 +384,8 @@ std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std
 bool uses_sync_batchnorm(const VariantSpec& spec) { return spec.kind == Kind::ours_syncbn; }
 
 bool holds_adam_state(const VariantSpec& spec) {
-  return spec.kind == Kind::ours_adam || spec.kind == Kind::ours_zero_adam || spec.kind == Kind::ours_zero_adam_overlap;
+  return spec.kind == Kind::ours_adam || spec.kind == Kind::ours_zero_adam || spec.kind == Kind::ours_zero_adam_overlap ||
+         spec.kind == Kind::fsdp_adam;
 }
 
 Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, const Batch& batch,
@@ -386,6 +416,7 @@ Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, c
     case Kind::ours_adam:
     case Kind::ours_zero_adam:
     case Kind::ours_zero_adam_overlap: v = ours(model, batch, group, spec); break;
+    case Kind::fsdp_adam: v = fsdp(model, batch, group); break;
   }
   v.spec = spec;
   return v;

@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ddp/ddp.h>
@@ -41,6 +42,9 @@ enum class Kind {
   ours_adam,               // ours+adam
   ours_zero_adam,          // ours+zero_adam
   ours_zero_adam_overlap,  // ours+zero_adam_overlap
+  // Fully sharded data parallel (ddp::fully_shard on every block and the root) with Adam: against
+  // ours+adam, its step time and its memory (parameters, gradients and Adam's state all 1/W).
+  fsdp_adam,
 };
 
 struct VariantSpec {
@@ -76,6 +80,10 @@ struct Variant {
   std::function<std::string()> note = [] { return std::string(); };
   // The bytes of optimizer state this rank holds (ddp::optimizer_state_bytes), for the memory pass.
   std::function<int64_t()> optimizer_state_bytes = [] { return int64_t{0}; };
+  // Bytes the library accounts for (fsdp_adam: its memory_stats), by name, for the memory pass.
+  std::function<std::vector<std::pair<std::string, int64_t>>()> library_bytes = [] {
+    return std::vector<std::pair<std::string, int64_t>>{};
+  };
 };
 
 // ours_syncbn trains the SyncBatchNorm model (make_model's sync_batchnorm).

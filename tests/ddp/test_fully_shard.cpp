@@ -99,6 +99,24 @@ void train_against_one_process(const std::string& optimizer_kind, bool reshard_a
   }
   const double worst = max_difference(model.full_state_dict(), *reference);
   require(worst <= 1e-5, what + ": parameters differ from one process by " + std::to_string(worst));
+  // At most the root's parameters and gradients (in, out), one block's parameters, gradient and
+  // reduction buffer, and the next block's prefetched parameters were ever unsharded at once: not
+  // the whole model's.
+  if (reshard_after_forward && micro_batches == 1) {
+    const int64_t root_bytes = (reference->in->weight.numel() + reference->in->bias.numel() +
+                                reference->out->weight.numel() + reference->out->bias.numel()) * 4;
+    int64_t block_bytes = 0;
+    for (const auto& param : reference->blocks[0]->parameters()) block_bytes += param.numel() * 4;
+    const auto stats = model.memory_stats();
+    require(stats.peak_unsharded_bytes <= 2 * root_bytes + 4 * block_bytes + 4 * 64,
+            what + ": " + std::to_string(stats.peak_unsharded_bytes) + " bytes were unsharded at once; root " +
+                std::to_string(root_bytes) + ", a block " + std::to_string(block_bytes));
+    int64_t all_bytes = 0;
+    for (const auto& param : reference->parameters()) all_bytes += param.numel() * 4;
+    require(stats.parameter_bytes <= all_bytes / world + 4 * 64 && stats.parameter_bytes >= all_bytes / world - 4 * 64,
+            what + ": this rank holds " + std::to_string(stats.parameter_bytes) + " bytes of parameters, not 1/W of " +
+                std::to_string(all_bytes));
+  }
 }
 
 DDP_WORKER(fsdp_matches_one_process) {

@@ -79,6 +79,15 @@ struct FSDPOptions {
   TORCH_ARG(MixedPrecisionPolicy, mixed_precision) = {};
 };
 
+// What a sharded model holds on this rank (FSDPModule::memory_stats): its shards and their
+// gradients now, and the most bytes of full parameters, full gradients and reduction buffers
+// that were alive at once (one block's, when blocks are sharded and reshard_after_forward is on).
+struct FSDPMemoryStats {
+  int64_t parameter_bytes = 0;
+  int64_t gradient_bytes = 0;
+  int64_t peak_unsharded_bytes = 0;
+};
+
 namespace detail {
 
 class ShardedUnit;
@@ -94,10 +103,11 @@ void reshard(ShardedUnit& unit);
 void set_requires_gradient_sync(ShardedUnit& unit, bool sync);
 const FSDPOptions& options_of(const ShardedUnit& unit);
 torch::OrderedDict<std::string, at::Tensor> full_state_dict(ShardedUnit& unit);
+FSDPMemoryStats memory_stats(const ShardedUnit& unit);
 
 // The module behind a holder, a shared_ptr or a reference.
 template <typename M>
-auto& module_of(M& module) {
+auto& sharded_module_of(M& module) {
   if constexpr (std::is_base_of_v<torch::nn::Module, M>) {
     return module;
   } else {
@@ -126,7 +136,7 @@ decltype(auto) cast_input(const ShardedUnit* unit, T&& value) {
 // change a port makes at each call of a sharded block; a block that is not sharded is just called.
 template <typename M, typename... Args>
 auto sharded_forward(M& block, Args&&... args) {
-  auto& module = detail::module_of(block);
+  auto& module = detail::sharded_module_of(block);
   std::shared_ptr<detail::ShardedUnit> unit = detail::unit_of(module);
   if (unit) detail::before_forward(*unit);
   auto output = module.forward(detail::cast_input(unit.get(), std::forward<Args>(args))...);
@@ -164,6 +174,8 @@ class FSDPModule {
   // Every parameter and buffer of the module, full, as copies (the blocks' too): what the module
   // would hold unsharded, in named_parameters() then named_buffers() order. Collective.
   torch::OrderedDict<std::string, at::Tensor> full_state_dict() { return detail::full_state_dict(*unit_); }
+  // This unit's and the units' sharded inside it (the root's: the whole model's).
+  FSDPMemoryStats memory_stats() const { return detail::memory_stats(*unit_); }
 
   std::shared_ptr<ModuleType> module() const { return module_; }
   ModuleType* operator->() const { return module_.get(); }
@@ -187,7 +199,7 @@ class FSDPModule {
 // rank. The module must be held by a shared_ptr (std::make_shared, a TORCH_MODULE holder).
 template <typename M>
 auto fully_shard(M& module, const FSDPOptions& options = {}) {
-  auto& impl = detail::module_of(module);
+  auto& impl = detail::sharded_module_of(module);
   using Impl = std::remove_reference_t<decltype(impl)>;
   std::shared_ptr<Impl> owner;
   try {

@@ -213,6 +213,18 @@ torch::OrderedDict<std::string, at::Tensor> full_state_dict(ShardedUnit& unit) {
   return ordered;
 }
 
+FSDPMemoryStats memory_stats(const ShardedUnit& unit) {
+  FSDPMemoryStats stats;
+  for (const auto& weak : unit.tree()->units()) {
+    auto member = weak.lock();
+    if (!member) continue;
+    stats.parameter_bytes += member->shard_bytes();
+    stats.gradient_bytes += member->shard_grad_bytes();
+  }
+  stats.peak_unsharded_bytes = unit.tree()->peak_unsharded_bytes();
+  return stats;
+}
+
 void set_requires_gradient_sync(ShardedUnit& unit, bool sync) {
   if (!unit.tree()->is_root(&unit)) {
     unit.set_requires_gradient_sync(sync);

@@ -1,5 +1,7 @@
 #include "fsdp/sharded_unit.h"
 
+#include <cstddef>
+
 #include <stdexcept>
 #include <utility>
 
@@ -7,6 +9,10 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
+
+#include <ddp/wait_collective.h>
+
+#include "free_collective.h"
 
 namespace ddp::detail {
 namespace {
@@ -100,16 +106,29 @@ c10::ScalarType ShardedUnit::compute_dtype() const {
 // Gathering and freeing
 // ---------------------------------------------------------------------------------------------
 
+// One all-gather of every rank's flat chunks, in the compute dtype (half the bytes in bf16),
+// launched now and waited for by unshard().
+void ShardedUnit::start_gather() {
+  if (state_ == State::kUnsharded || gather_ || layout_.flat_numel() == 0) return;
+  InFlight gather;
+  gather.input = as_wire(flat_shard_.to(compute_dtype()));
+  gather.output = at::empty({layout_.flat_numel() * layout_.world()}, gather.input.options());
+  verify_if_detail(groups_.shard, fingerprint(CollectiveOp::kAllGatherIntoTensor, gather.input), "ddp::fully_shard");
+  gather.work = groups_.shard->_allgather_base(gather.output, gather.input);
+  gather_ = std::move(gather);
+}
+
 void ShardedUnit::unshard() {
   if (state_ == State::kUnsharded) return;
   allocate_storage(full_);
-  if (layout_.flat_numel() > 0) {
-    // One all-gather of every rank's flat chunks (in the compute dtype: half the bytes in bf16),
-    // then each parameter's chunks side by side into its full storage.
-    at::Tensor send = flat_shard_.to(compute_dtype());
-    at::Tensor gathered = at::empty({layout_.flat_numel() * layout_.world()}, send.options());
-    at::Tensor wire = as_wire(gathered);
-    all_gather_into_tensor(wire, as_wire(send), groups_.shard);
+  tree_->count_unsharded(full_.nbytes());
+  start_gather();
+  if (gather_) {
+    InFlight gather = std::move(*gather_);
+    gather_.reset();
+    wait_collective(gather.work, "ddp::fully_shard: the all-gather of a block's parameters");
+    // Each parameter's chunks side by side into its full storage.
+    const at::Tensor gathered = gather.output.view(full_.scalar_type());
     for (size_t i = 0; i < params_.size(); ++i) full_views_[i].copy_(layout_.full_from_gathered(gathered, i));
   }
   torch::NoGradGuard no_grad;
@@ -128,6 +147,7 @@ void ShardedUnit::reshard() {
     params_[i].set_data(shard_views_[i]);
   }
   free_storage(full_);
+  tree_->count_unsharded(-static_cast<int64_t>(full_.nbytes()));
   state_ = State::kSharded;
 }
 
@@ -144,7 +164,9 @@ at::Tensor ShardedUnit::cast_input(const at::Tensor& input) const {
 // ---------------------------------------------------------------------------------------------
 
 void ShardedUnit::before_forward() {
+  tree_->forward_started(shared_from_this());
   unshard();
+  if (auto next = tree_->next_in_forward(this)) next->start_gather();  // while this block computes
   bool trains = false;
   for (const auto& param : params_) trains = trains || param.requires_grad();
   if (torch::GradMode::is_enabled() && trains) arm_backward();
@@ -202,6 +224,7 @@ void ShardedUnit::before_backward() {
   if (backward_ != Backward::kExpecting) return;
   unshard();
   tree_->backward_started();
+  if (auto previous = tree_->previous_in_forward(this)) previous->start_gather();  // its backward comes next
 }
 
 void ShardedUnit::on_gradient_ready(size_t i) {
@@ -210,43 +233,86 @@ void ShardedUnit::on_gradient_ready(size_t i) {
   if (--pending_ == 0) reduce_gradients();
 }
 
-// Every full gradient of the unit cut into the ranks' chunks, summed chunk by chunk across the
-// group (one reduce-scatter; across the replicas too, for HSDP), averaged, and added to the
-// shards' gradients. Without sync the full gradients are kept for the next backward to add to.
+// Every full gradient of the unit cut into the ranks' chunks (each freed once copied), the
+// reduce-scatter launched, and the full parameters freed; complete_reduction() sums the result
+// into the shards' gradients. Without sync the full gradients are kept for the next backward.
 void ShardedUnit::reduce_gradients() {
   disarm_backward();
   backward_ = Backward::kReduced;
   if (requires_sync_ && layout_.flat_numel() > 0) {
+    tree_->reduction_started(shared_from_this());  // the previous one's buffers freed first
     const auto reduce_dtype = options_.mixed_precision().reduce_dtype().value_or(flat_shard_.scalar_type());
-    at::Tensor input = at::zeros({layout_.flat_numel() * layout_.world()}, flat_shard_.options().dtype(reduce_dtype));
+    InFlight reduction;
+    reduction.input = at::zeros({layout_.flat_numel() * layout_.world()}, flat_shard_.options().dtype(reduce_dtype));
+    int64_t full_grad_bytes = 0;
+    for (const auto& param : params_) full_grad_bytes += param.grad().defined() ? param.grad().nbytes() : 0;
+    tree_->count_unsharded(full_grad_bytes + reduction.input.nbytes());
     for (size_t i = 0; i < params_.size(); ++i) {
-      const at::Tensor& full = params_[i].grad();
-      if (full.defined()) layout_.place_in_segments(full.to(reduce_dtype), i, input);
+      const at::Tensor full = params_[i].grad();
+      if (!full.defined()) continue;
+      layout_.place_in_segments(full.to(reduce_dtype), i, reduction.input);
+      params_[i].mutable_grad() = at::Tensor();
+      tree_->count_unsharded(-static_cast<int64_t>(full.nbytes()));
     }
-    input.div_(groups_.data_parallel_size());
-    at::Tensor output = at::empty({layout_.flat_numel()}, input.options());
-    reduce_scatter_tensor(output, input, c10d::ReduceOp::SUM, groups_.shard);
-    if (groups_.replicate) all_reduce(output, c10d::ReduceOp::SUM, groups_.replicate);
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (!params_[i].requires_grad()) continue;
-      // A tensor of its own, not a view of `output`: optimizers detach_() gradients in place.
-      at::Tensor shard_grad = layout_.shard_view(output, i).to(flat_shard_.scalar_type(), false, /*copy=*/true);
-      at::Tensor& waiting = waiting_grads_[i];  // the shard's gradient, accumulated until zero_grad
-      if (waiting.defined()) {
-        waiting.add_(shard_grad);
-      } else {
-        waiting = shard_grad;
-      }
-      params_[i].mutable_grad() = at::Tensor();  // the full gradient is reduced: freed
-    }
+    // The average: every rank's share divided first, so the sum is the mean.
+    reduction.input.div_(groups_.data_parallel_size());
+    reduction.output = at::empty({layout_.flat_numel()}, reduction.input.options());
+    verify_if_detail(groups_.shard,
+                     fingerprint(CollectiveOp::kReduceScatter, reduction.input, -1, static_cast<int64_t>(c10d::ReduceOp::SUM)),
+                     "ddp::fully_shard");
+    reduction.work = groups_.shard->_reduce_scatter_base(reduction.output, reduction.input);
+    reduction_ = std::move(reduction);
   }
   reshard();
+}
+
+at::Tensor& ShardedUnit::shard_grad_slot(size_t i) {
+  return state_ == State::kSharded ? params_[i].mutable_grad() : waiting_grads_[i];
+}
+
+void ShardedUnit::complete_reduction() {
+  if (!reduction_) return;
+  InFlight reduction = std::move(*reduction_);
+  reduction_.reset();
+  wait_collective(reduction.work, "ddp::fully_shard: the reduce-scatter of a block's gradients");
+  tree_->count_unsharded(-static_cast<int64_t>(reduction.input.nbytes()));
+  if (groups_.replicate) all_reduce(reduction.output, c10d::ReduceOp::SUM, groups_.replicate);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].requires_grad()) continue;
+    // A tensor of its own, not a view of the output: optimizers detach_() gradients in place.
+    at::Tensor shard_grad = layout_.shard_view(reduction.output, i).to(flat_shard_.scalar_type(), false, /*copy=*/true);
+    at::Tensor& slot = shard_grad_slot(i);  // accumulated until zero_grad, as .grad always is
+    if (slot.defined()) {
+      slot.add_(shard_grad);
+    } else {
+      slot = shard_grad;
+    }
+  }
 }
 
 void ShardedUnit::finish_backward() {
   if (backward_ == Backward::kExpecting) reduce_gradients();  // parameters that got no gradient
   backward_ = Backward::kIdle;
   reshard();
+}
+
+// A prefetched gather nobody unsharded with (the order changed): its values would be stale
+// after the optimizer's step, so it is waited for (every rank launched it) and dropped.
+void ShardedUnit::drop_unused_gather() {
+  if (!gather_) return;
+  InFlight gather = std::move(*gather_);
+  gather_.reset();
+  wait_collective(gather.work, "ddp::fully_shard: the all-gather of a block's parameters");
+}
+
+int64_t ShardedUnit::shard_grad_bytes() const {
+  int64_t bytes = 0;
+  const bool sharded = state_ == State::kSharded;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& grad = sharded ? params_[i].grad() : waiting_grads_[i];
+    if (grad.defined()) bytes += grad.nbytes();
+  }
+  return bytes;
 }
 
 bool ShardedUnit::owns(const at::Tensor& param) const {
@@ -273,12 +339,49 @@ void ShardTree::backward_started() {
   });
 }
 
-// In order of sharding (the blocks before their root), so that every rank reduces in one order.
+// In order of sharding (the blocks before their root), so that every rank reduces in one order;
+// then the last reduction in flight completes.
 void ShardTree::finish() {
   finish_queued_ = false;
   for (const auto& weak : units_) {
     if (auto unit = weak.lock()) unit->finish_backward();
   }
+  if (auto last = reducing_.lock()) last->complete_reduction();
+  reducing_.reset();
+  for (const auto& weak : units_) {
+    if (auto unit = weak.lock()) unit->drop_unused_gather();
+  }
+}
+
+void ShardTree::forward_started(const std::shared_ptr<ShardedUnit>& unit) {
+  if (is_root(unit.get())) last_forward_order_ = std::exchange(forward_order_, {});
+  forward_order_.push_back(unit);
+}
+
+namespace {
+std::shared_ptr<ShardedUnit> after(const std::vector<std::weak_ptr<ShardedUnit>>& order, const ShardedUnit* unit,
+                                   std::ptrdiff_t step) {
+  for (size_t k = 0; k < order.size(); ++k) {
+    if (order[k].lock().get() != unit) continue;
+    const auto at = static_cast<std::ptrdiff_t>(k) + step;
+    if (at < 0 || at >= static_cast<std::ptrdiff_t>(order.size())) return nullptr;
+    return order[static_cast<size_t>(at)].lock();
+  }
+  return nullptr;
+}
+}  // namespace
+
+std::shared_ptr<ShardedUnit> ShardTree::next_in_forward(const ShardedUnit* unit) const {
+  return after(last_forward_order_, unit, +1);
+}
+
+std::shared_ptr<ShardedUnit> ShardTree::previous_in_forward(const ShardedUnit* unit) const {
+  return after(forward_order_, unit, -1);
+}
+
+void ShardTree::reduction_started(const std::shared_ptr<ShardedUnit>& unit) {
+  if (auto previous = reducing_.lock()) previous->complete_reduction();
+  reducing_ = unit;
 }
 
 }  // namespace ddp::detail

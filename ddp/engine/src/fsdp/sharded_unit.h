@@ -6,13 +6,16 @@
 //
 // Thread-safety: the training thread drives a unit; the gradient hooks run on the thread running
 // backward (which the training thread waits on), so nothing runs concurrently.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <ddp/fully_shard.h>
 
@@ -44,10 +47,15 @@ class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
   void after_forward(const std::vector<at::Tensor>& outputs);
   void before_backward();
   void finish_backward();  // the end of backward: reduces what the hooks did not
+  void drop_unused_gather();
 
-  // Full parameters in the module, or the shards (a no-op when already so).
+  // Full parameters in the module, or the shards (a no-op when already so). start_gather()
+  // launches the all-gather unshard() would wait for (a prefetch).
+  void start_gather();
   void unshard();
   void reshard();
+  // Waits for this unit's launched reduce-scatter and adds the result to the shards' gradients.
+  void complete_reduction();
 
   at::Tensor cast_input(const at::Tensor& input) const;
   void set_requires_gradient_sync(bool sync) { requires_sync_ = sync; }
@@ -59,6 +67,8 @@ class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
   const std::vector<std::string>& names() const { return names_; }
   const FSDPOptions& options() const { return options_; }
   std::shared_ptr<ShardTree> tree() const { return tree_; }
+  int64_t shard_bytes() const { return flat_shard_.nbytes(); }
+  int64_t shard_grad_bytes() const;
   void set_tree(std::shared_ptr<ShardTree> tree) { tree_ = std::move(tree); }
 
  private:
@@ -69,6 +79,7 @@ class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
   void disarm_backward();
   void on_gradient_ready(size_t i);
   void reduce_gradients();
+  at::Tensor& shard_grad_slot(size_t i);
   bool keeps_after_forward() const;
   c10::ScalarType compute_dtype() const;
 
@@ -83,6 +94,13 @@ class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
   std::vector<at::Tensor> shard_views_;
   at::Tensor full_;  // every full parameter, one after the other (storage freed while sharded)
   std::vector<at::Tensor> full_views_;
+  // A launched all-gather (its buffers stay alive until it is waited for) and reduce-scatter.
+  struct InFlight {
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor input, output;
+  };
+  c10::optional<InFlight> gather_;
+  c10::optional<InFlight> reduction_;
   // While unsharded, each parameter's .grad is its full gradient and its shard's gradient waits
   // here; while sharded, the other way round (a full gradient kept for accumulation waits here).
   std::vector<at::Tensor> waiting_grads_;
@@ -107,12 +125,32 @@ class ShardTree : public std::enable_shared_from_this<ShardTree> {
   bool is_root(const ShardedUnit* unit) const { return root_.lock().get() == unit; }
   const std::vector<std::weak_ptr<ShardedUnit>>& units() const { return units_; }
   void backward_started();
+  // The order the units ran their forward in this iteration: each prefetches its neighbour's
+  // gather (the next one in forward, the previous one in backward).
+  void forward_started(const std::shared_ptr<ShardedUnit>& unit);
+  std::shared_ptr<ShardedUnit> next_in_forward(const ShardedUnit* unit) const;      // by the last iteration
+  std::shared_ptr<ShardedUnit> previous_in_forward(const ShardedUnit* unit) const;  // in this one
+  // At most one reduce-scatter in flight: the previous one completes when the next is launched,
+  // so the reduction buffers of one block at a time are alive, not the whole model's.
+  void reduction_started(const std::shared_ptr<ShardedUnit>& unit);
+
+  // The bytes of full parameters, full gradients and reduction buffers alive now, and the most
+  // alive at once since construction (what sharding leaves unsharded at its peak).
+  void count_unsharded(int64_t delta) {
+    unsharded_bytes_ += delta;
+    peak_unsharded_bytes_ = std::max(peak_unsharded_bytes_, unsharded_bytes_);
+  }
+  int64_t peak_unsharded_bytes() const { return peak_unsharded_bytes_; }
 
  private:
   void finish();
   std::weak_ptr<ShardedUnit> root_;
   std::vector<std::weak_ptr<ShardedUnit>> units_;
+  std::vector<std::weak_ptr<ShardedUnit>> forward_order_, last_forward_order_;
+  std::weak_ptr<ShardedUnit> reducing_;
   bool finish_queued_ = false;
+  int64_t unsharded_bytes_ = 0;
+  int64_t peak_unsharded_bytes_ = 0;
 };
 
 }  // namespace ddp::detail
