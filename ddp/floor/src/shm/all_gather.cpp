@@ -30,16 +30,14 @@ void Communicator::allgather(const void* in, std::size_t bytes_per_rank, void* o
       const int b = acquire_buffer({"the peers to finish reading this buffer", k, chunks}, true);
       if (n > 0) copy_bytes(buffer(rank_, b), piece + offset, n);
       post();
-      // 2. Once every piece is in: copy each into its place (mine straight from `in`, which may be
-      //    its place already); post that I am done reading the peers' buffers.
+      // 2. While the peers copy theirs: my piece's chunk into its place, straight from `in` (unless
+      //    `in` is its place already).
+      if (n > 0 && piece != my_place) std::memmove(my_place + offset, piece + offset, n);
+      // 3. Once every piece is in: copy each peer's into its place; post that I am done reading the
+      //    peers' buffers.
       wait_all(posted_, {"the peers' pieces", k, chunks});
       for (int q = 0; q < size_ && n > 0; ++q) {
-        unsigned char* place = gathered + q * bytes_per_rank + offset;
-        if (q != rank_) {
-          copy_bytes(place, buffer(q, b), n);
-        } else if (piece != my_place) {
-          std::memmove(place, piece + offset, n);
-        }
+        if (q != rank_) copy_bytes(gathered + q * bytes_per_rank + offset, buffer(q, b), n);
       }
       post();
       release_buffer(b);

@@ -1,7 +1,8 @@
-// Micro-benchmark of the shared-memory allreduce (ddp/floor/src/shm): float32 SUM at 4 KB,
+// Micro-benchmark of the shared-memory collectives (ddp/floor/src/shm): float32 SUM at 4 KB,
 // 256 KB, 4 MB and 33.6 MB (mlp_b4's gradients) between forked ranks on this host, the median of
-// many runs each - through the buffers (allreduce) and where the data lies in a shared array
-// (allreduce_shared, as DDP's buckets; scaled by 1/ranks as DDP's average) - beside the memory passes it is made of, timed alone in one process: memcpy
+// many runs each - allreduce through the buffers and where the data lies in a shared array
+// (allreduce_shared, as DDP's buckets; scaled by 1/ranks as DDP's average), reduce_scatter of an
+// input of that size, allgather into an output of that size - beside the memory passes they are made of, timed alone in one process: memcpy
 // (and the collectives' own copy loop, copy_bytes) and a float add over 33.6 MB. Run it on a quiet
 // machine.
 //
@@ -16,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <memory>
 #include <sstream>
@@ -131,26 +133,12 @@ int main(int argc, char** argv) {
     try {
       FileRendezvous rendezvous(folder);
       shm::Communicator comm(rendezvous, prefix, rank, ranks, options);
-      std::vector<double> medians;  // per size: this rank's median, ms; then allreduce_shared's
+      // This rank's median per collective and size, ms: allreduce, allreduce_shared, reduce_scatter,
+      // allgather, each timed from a common start (a barrier), so the ranks' skew is not counted.
+      std::vector<double> medians;
       std::shared_ptr<shm::SharedArray> array = comm.share(kSizes[std::size(kSizes) - 1].floats * sizeof(float));
-      for (const Size& size : kSizes) {
-        std::vector<float> data(size.floats, 1.0f);
+      const auto time_each = [&](const Size& size, const std::function<void()>& once) {
         const int runs = std::max(5, static_cast<int>(size.runs * runs_scale));
-        for (int i = 0; i < 3; ++i) comm.allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kSum);
-        std::vector<double> times;
-        for (int i = 0; i < runs; ++i) {
-          comm.barrier();  // start together: time the collective, not the ranks' skew
-          const auto start = Clock::now();
-          comm.allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kSum);
-          times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
-        }
-        medians.push_back(median(times));
-      }
-      for (const Size& size : kSizes) {
-        auto* data = static_cast<float*>(array->mine());
-        std::fill(data, data + size.floats, 1.0f);
-        const int runs = std::max(5, static_cast<int>(size.runs * runs_scale));
-        const auto once = [&] { comm.allreduce_shared(*array, 0, size.floats, shm::DType::kFloat32, shm::Op::kSum, 1.0 / ranks); };
         for (int i = 0; i < 3; ++i) once();
         std::vector<double> times;
         for (int i = 0; i < runs; ++i) {
@@ -160,28 +148,43 @@ int main(int argc, char** argv) {
           times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count());
         }
         medians.push_back(median(times));
+      };
+      for (const Size& size : kSizes) {
+        std::vector<float> data(size.floats, 1.0f);
+        time_each(size, [&] { comm.allreduce(data.data(), data.size(), shm::DType::kFloat32, shm::Op::kSum); });
+      }
+      for (const Size& size : kSizes) {
+        auto* data = static_cast<float*>(array->mine());
+        std::fill(data, data + size.floats, 1.0f);
+        time_each(size, [&] { comm.allreduce_shared(*array, 0, size.floats, shm::DType::kFloat32, shm::Op::kSum, 1.0 / ranks); });
+      }
+      for (const Size& size : kSizes) {  // the size is the input's: each rank keeps 1/ranks of it
+        std::vector<float> input(size.floats / ranks * ranks, 1.0f), output(size.floats / ranks);
+        time_each(size, [&] { comm.reduce_scatter(input.data(), output.size(), output.data(), shm::DType::kFloat32, shm::Op::kSum); });
+      }
+      for (const Size& size : kSizes) {  // the size is the output's
+        std::vector<float> input(size.floats / ranks, 1.0f), output(size.floats / ranks * ranks);
+        time_each(size, [&] { comm.allgather(input.data(), input.size() * sizeof(float), output.data()); });
       }
       std::vector<double> all(medians.size() * ranks);
       comm.allgather(medians.data(), medians.size() * sizeof(double), all.data());
       if (rank == 0) {
-        std::printf("shared-memory allreduce, float32 SUM, %d ranks, chunk %zu KiB, one step up to %zu KiB (median per rank, ms)\n", ranks,
+        std::printf("shared-memory collectives, float32 SUM, %d ranks, chunk %zu KiB, one step up to %zu KiB\n", ranks,
                     comm.options().chunk_bytes >> 10, comm.options().one_step_bytes >> 10);
-        std::printf("%-9s %10s %10s %10s   %s\n", "size", "fastest", "slowest", "GB/s", "shared array: fastest, slowest, GB/s");
+        std::printf("%-9s %10s %10s %10s %10s   (the slowest rank's median, ms; then GB/s of the size)\n", "size",
+                    "allreduce", "shared", "red_scat", "allgather");
         const std::size_t sizes = std::size(kSizes);
-        const auto extremes = [&](std::size_t column) {
-          double fastest = 1e30, slowest = 0;
-          for (int r = 0; r < ranks; ++r) {
-            fastest = std::min(fastest, all[r * medians.size() + column]);
-            slowest = std::max(slowest, all[r * medians.size() + column]);
-          }
-          return std::make_pair(fastest, slowest);
+        const auto slowest = [&](std::size_t collective, std::size_t size) {
+          double ms = 0;
+          for (int r = 0; r < ranks; ++r) ms = std::max(ms, all[r * medians.size() + collective * sizes + size]);
+          return ms;
         };
         for (std::size_t s = 0; s < sizes; ++s) {
-          const auto [fastest, slowest] = extremes(s);
-          const auto [shared_fastest, shared_slowest] = extremes(sizes + s);
-          std::printf("%-9s %10.4f %10.4f %10.2f   %10.4f %10.4f %10.2f\n", kSizes[s].label, fastest, slowest,
-                      kSizes[s].floats * 4 / slowest / 1e6, shared_fastest, shared_slowest,
-                      kSizes[s].floats * 4 / shared_slowest / 1e6);
+          std::printf("%-9s", kSizes[s].label);
+          for (std::size_t c = 0; c < 4; ++c) std::printf(" %10.4f", slowest(c, s));
+          std::printf("   ");
+          for (std::size_t c = 0; c < 4; ++c) std::printf(" %6.2f", kSizes[s].floats * 4 / slowest(c, s) / 1e6);
+          std::printf("\n");
         }
       }
     } catch (const std::exception& e) {
