@@ -20,7 +20,10 @@
 //
 // A model is any of: a torch::nn::Module, a LibTorch module holder (torch::nn::Sequential, a
 // TORCH_MODULE such as DCGANGenerator), a std::shared_ptr to a module, or a wrapper such as
-// ddp::DistributedDataParallel (its bare module is saved, so one checkpoint fits both).
+// ddp::DistributedDataParallel (its bare module is saved, so one checkpoint fits both), or
+// ddp::fully_shard's FSDPModule (the root's): saved whole, as the same model unsharded would be
+// (gathered on every rank first, shards of the optimizer's state too), and loaded into the shards
+// of any world size; save and load are then collective on every rank of its group.
 //
 // One file: a PyTorch zip archive whose root object is the model's plain state_dict (Python:
 // torch.load(path) returns it, tensors on CPU), or for named models {name: state_dict} (Python:
@@ -48,6 +51,7 @@
 #include <ddp/map_location.h>
 #include <ddp/process_group.h>
 #include <ddp/sampler_state.h>
+#include <ddp/sharded_state.h>
 #include <torch/arg.h>
 
 #include <ddp/stateful.h>
@@ -176,6 +180,39 @@ struct HasCommHookState<Wrapper, std::void_t<decltype(std::declval<const Wrapper
     : std::true_type {};
 constexpr char kCommHookStateName[] = "comm_hook";
 
+// A model sharded across the ranks (ddp::fully_shard's FSDPModule) offers sharded_state().
+template <typename T, typename = void>
+struct HasShardedState : std::false_type {};
+template <typename T>
+struct HasShardedState<T, std::void_t<decltype(std::declval<const T&>().sharded_state())>> : std::true_type {};
+template <typename Model>
+ShardedState* sharded_state_of(const Model& model) {
+  if constexpr (HasShardedState<Model>::value) {
+    return model.sharded_state();
+  } else {
+    return nullptr;
+  }
+}
+// The model whole while alive (collective: every rank); back to the shards after, of the whole
+// values once keep() was called (a load that succeeded), else as they were.
+class WholeWhileAlive {
+ public:
+  WholeWhileAlive(ShardedState* state, torch::optim::Optimizer* optimizer) : state_(state), optimizer_(optimizer) {
+    if (state_) state_->gather_whole(optimizer_);
+  }
+  ~WholeWhileAlive() {
+    if (state_) state_->shard_again(optimizer_, keep_);
+  }
+  WholeWhileAlive(const WholeWhileAlive&) = delete;
+  WholeWhileAlive& operator=(const WholeWhileAlive&) = delete;
+  void keep() { keep_ = true; }
+
+ private:
+  ShardedState* state_;
+  torch::optim::Optimizer* optimizer_;
+  bool keep_ = false;
+};
+
 // The module a model names (throws std::invalid_argument for an empty one).
 template <typename Model>
 torch::nn::Module& module_of(Model& model) {
@@ -215,6 +252,7 @@ void save_checkpoint(const std::string& path, const Model& model, const torch::o
   if (const Stateful* hook_state = detail::comm_hook_state_of(model)) {
     with_hook.state(detail::kCommHookStateName, hook_state);
   }
+  detail::WholeWhileAlive whole(detail::sharded_state_of(model), const_cast<torch::optim::Optimizer*>(optimizer));
   save_checkpoint(path, static_cast<const torch::nn::Module&>(detail::module_of(model)), optimizer, state, with_hook);
 }
 template <typename Model, typename = std::enable_if_t<detail::is_module_handle<Model>>>
@@ -224,7 +262,10 @@ TrainingState load_checkpoint(const std::string& path, const Model& model, torch
   if (Stateful* hook_state = detail::comm_hook_state_of(model)) {
     with_hook.optional_state(detail::kCommHookStateName, hook_state);
   }
-  return load_checkpoint(path, detail::module_of(model), optimizer, with_hook);
+  detail::WholeWhileAlive whole(detail::sharded_state_of(model), optimizer);
+  TrainingState loaded = load_checkpoint(path, detail::module_of(model), optimizer, with_hook);
+  whole.keep();
+  return loaded;
 }
 
 // --- several models, optimizers and states in one checkpoint, by name -----------------------------
@@ -389,7 +430,10 @@ Restored load_checkpoint_if_exists(const std::string& path_or_dir, const Model& 
   if (Stateful* hook_state = detail::comm_hook_state_of(model)) {
     with_hook.optional_state(detail::kCommHookStateName, hook_state);
   }
-  return load_checkpoint_if_exists(path_or_dir, detail::module_of(model), optimizer, with_hook);
+  detail::WholeWhileAlive whole(detail::sharded_state_of(model), optimizer);
+  Restored restored = load_checkpoint_if_exists(path_or_dir, detail::module_of(model), optimizer, with_hook);
+  whole.keep();
+  return restored;
 }
 
 }  // namespace ddp

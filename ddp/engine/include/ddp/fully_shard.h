@@ -53,6 +53,7 @@
 #include <ddp/device_mesh.h>
 #include <ddp/distributed_data_parallel.h>  // detail::collect_tensors
 #include <ddp/process_group.h>
+#include <ddp/sharded_state.h>
 
 namespace ddp {
 
@@ -104,6 +105,7 @@ void set_requires_gradient_sync(ShardedUnit& unit, bool sync);
 const FSDPOptions& options_of(const ShardedUnit& unit);
 torch::OrderedDict<std::string, at::Tensor> full_state_dict(ShardedUnit& unit);
 FSDPMemoryStats memory_stats(const ShardedUnit& unit);
+std::shared_ptr<ShardedState> whole_model_state(const std::shared_ptr<ShardedUnit>& unit);
 
 // The module behind a holder, a shared_ptr or a reference.
 template <typename M>
@@ -153,7 +155,7 @@ template <typename ModuleType>
 class FSDPModule {
  public:
   FSDPModule(std::shared_ptr<ModuleType> module, std::shared_ptr<detail::ShardedUnit> unit)
-      : module_(std::move(module)), unit_(std::move(unit)) {}
+      : module_(std::move(module)), unit_(std::move(unit)), whole_(detail::whole_model_state(unit_)) {}
 
   template <typename... Args>
   auto forward(Args&&... args) {
@@ -187,10 +189,14 @@ class FSDPModule {
   void eval() { module_->eval(); }
   void zero_grad() { module_->zero_grad(); }
   const FSDPOptions& options() const { return detail::options_of(*unit_); }
+  // How ddp::save_checkpoint / load_checkpoint see the whole model (sharded_state.h): give them
+  // this FSDPModule (the root's) and they write and read what an unsharded model would.
+  ShardedState* sharded_state() const { return whole_.get(); }
 
  private:
   std::shared_ptr<ModuleType> module_;
   std::shared_ptr<detail::ShardedUnit> unit_;
+  std::shared_ptr<ShardedState> whole_;
 };
 
 // Shards `module`'s parameters that no earlier fully_shard call took (call it on the blocks first,

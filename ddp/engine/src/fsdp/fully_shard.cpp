@@ -225,6 +225,36 @@ FSDPMemoryStats memory_stats(const ShardedUnit& unit) {
   return stats;
 }
 
+namespace {
+// Every unit of the tree (the blocks, then the root) whole for a checkpoint, and back.
+class WholeModel final : public ShardedState {
+ public:
+  explicit WholeModel(std::weak_ptr<ShardedUnit> root) : root_(std::move(root)) {}
+  void gather_whole(torch::optim::Optimizer* optimizer) override {
+    for (const auto& unit : units()) unit->gather_whole(optimizer);
+  }
+  void shard_again(torch::optim::Optimizer* optimizer, bool take_whole) override {
+    for (const auto& unit : units()) unit->shard_again(optimizer, take_whole);
+  }
+
+ private:
+  std::vector<std::shared_ptr<ShardedUnit>> units() const {
+    std::vector<std::shared_ptr<ShardedUnit>> all;
+    if (auto root = root_.lock()) {
+      for (const auto& weak : root->tree()->units()) {
+        if (auto unit = weak.lock()) all.push_back(unit);
+      }
+    }
+    return all;
+  }
+  std::weak_ptr<ShardedUnit> root_;
+};
+}  // namespace
+
+std::shared_ptr<ShardedState> whole_model_state(const std::shared_ptr<ShardedUnit>& unit) {
+  return std::make_shared<WholeModel>(unit);
+}
+
 void set_requires_gradient_sync(ShardedUnit& unit, bool sync) {
   if (!unit.tree()->is_root(&unit)) {
     unit.set_requires_gradient_sync(sync);

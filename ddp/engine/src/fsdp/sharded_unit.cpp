@@ -13,6 +13,7 @@
 #include <ddp/wait_collective.h>
 
 #include "free_collective.h"
+#include "optimizer_state.h"
 
 namespace ddp::detail {
 namespace {
@@ -109,7 +110,7 @@ c10::ScalarType ShardedUnit::compute_dtype() const {
 // One all-gather of every rank's flat chunks, in the compute dtype (half the bytes in bf16),
 // launched now and waited for by unshard().
 void ShardedUnit::start_gather() {
-  if (state_ == State::kUnsharded || gather_ || layout_.flat_numel() == 0) return;
+  if (state_ != State::kSharded || gather_ || layout_.flat_numel() == 0) return;
   InFlight gather;
   gather.input = as_wire(flat_shard_.to(compute_dtype()));
   gather.output = at::empty({layout_.flat_numel() * layout_.world()}, gather.input.options());
@@ -119,7 +120,7 @@ void ShardedUnit::start_gather() {
 }
 
 void ShardedUnit::unshard() {
-  if (state_ == State::kUnsharded) return;
+  if (state_ != State::kSharded) return;
   allocate_storage(full_);
   tree_->count_unsharded(full_.nbytes());
   start_gather();
@@ -140,7 +141,7 @@ void ShardedUnit::unshard() {
 }
 
 void ShardedUnit::reshard() {
-  if (state_ == State::kSharded) return;
+  if (state_ != State::kUnsharded) return;
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
     swap_grad(params_[i], waiting_grads_[i]);
@@ -303,6 +304,82 @@ void ShardedUnit::drop_unused_gather() {
   InFlight gather = std::move(*gather_);
   gather_.reset();
   wait_collective(gather.work, "ddp::fully_shard: the all-gather of a block's parameters");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Whole, for a checkpoint
+// ---------------------------------------------------------------------------------------------
+
+// Parameter i's shard-shaped `local` (a shard, or the optimizer's state of it) from every rank,
+// side by side: the whole tensor, on every rank.
+at::Tensor ShardedUnit::gather_rows(const at::Tensor& local, size_t i) const {
+  const ShardSlot& slot = layout_.slots()[i];
+  const ShardLayout one({slot.shape}, layout_.world(), layout_.rank());
+  at::Tensor padded = at::zeros({slot.padded_numel()}, local.options());
+  if (local.numel() > 0) padded.narrow(0, 0, local.numel()).copy_(local.reshape(-1));
+  at::Tensor gathered = at::empty({slot.padded_numel() * layout_.world()}, local.options());
+  at::Tensor wire = as_wire(gathered);
+  all_gather_into_tensor(wire, as_wire(padded), groups_.shard);
+  return one.full_from_gathered(gathered, 0).clone();
+}
+
+// This rank's rows of parameter i's whole-shaped `whole`, as a tensor of its own.
+at::Tensor ShardedUnit::local_rows_of(const at::Tensor& whole, size_t i) const {
+  const ShardSlot& slot = layout_.slots()[i];
+  return whole.reshape({slot.rows, slot.row_numel})
+      .narrow(0, layout_.rank() * slot.chunk_rows, slot.local_rows)
+      .reshape(slot.local_shape())
+      .clone();
+}
+
+void ShardedUnit::gather_whole(torch::optim::Optimizer* optimizer) {
+  reshard();
+  torch::NoGradGuard no_grad;
+  shard_state_.clear();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (optimizer == nullptr) continue;
+    auto& states = optimizer->state();
+    auto found = states.find(compat::optimizer_state_key(states, params_[i]));
+    if (found == states.end()) continue;
+    for_each_state_tensor(*found->second, [&](at::Tensor& tensor) {
+      if (!tensor.defined() || tensor.sizes() != shard_views_[i].sizes()) return;
+      shard_state_.push_back(tensor);
+      tensor = gather_rows(tensor, i);
+    });
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor whole = gather_rows(shard_views_[i], i);
+    swap_grad(params_[i], waiting_grads_[i]);
+    params_[i].set_data(whole);
+  }
+  state_ = State::kWhole;
+}
+
+void ShardedUnit::shard_again(torch::optim::Optimizer* optimizer, bool take_whole) {
+  if (state_ != State::kWhole) return;
+  torch::NoGradGuard no_grad;
+  size_t next_saved = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (optimizer == nullptr) continue;
+    auto& states = optimizer->state();
+    auto found = states.find(compat::optimizer_state_key(states, params_[i]));
+    if (found == states.end()) continue;
+    for_each_state_tensor(*found->second, [&](at::Tensor& tensor) {
+      if (!tensor.defined() || tensor.sizes() != params_[i].sizes()) return;
+      if (take_whole) {
+        tensor = local_rows_of(tensor.to(params_[i].device()), i);
+      } else if (next_saved < shard_state_.size()) {
+        tensor = shard_state_[next_saved++];
+      }
+    });
+  }
+  shard_state_.clear();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (take_whole) layout_.copy_local_rows(params_[i].detach(), i, flat_shard_);
+    swap_grad(params_[i], waiting_grads_[i]);
+    params_[i].set_data(shard_views_[i]);
+  }
+  state_ = State::kSharded;
 }
 
 int64_t ShardedUnit::shard_grad_bytes() const {

@@ -16,6 +16,7 @@
 #include <c10/util/Optional.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/optim/optimizer.h>
 
 #include <ddp/fully_shard.h>
 
@@ -56,6 +57,10 @@ class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
   void reshard();
   // Waits for this unit's launched reduce-scatter and adds the result to the shards' gradients.
   void complete_reduction();
+  // For a checkpoint (sharded_state.h): the parameters whole in their own dtype, with the
+  // optimizer's state of them; then the shards again, of the whole values or as they were.
+  void gather_whole(torch::optim::Optimizer* optimizer);
+  void shard_again(torch::optim::Optimizer* optimizer, bool take_whole);
 
   at::Tensor cast_input(const at::Tensor& input) const;
   void set_requires_gradient_sync(bool sync) { requires_sync_ = sync; }
@@ -72,7 +77,9 @@ class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
   void set_tree(std::shared_ptr<ShardTree> tree) { tree_ = std::move(tree); }
 
  private:
-  enum class State { kSharded, kUnsharded };
+  // kWhole: full values in the parameters' own dtype for a checkpoint (kUnsharded's are in the
+  // compute dtype, in full_).
+  enum class State { kSharded, kUnsharded, kWhole };
   enum class Backward { kIdle, kExpecting, kReduced };
 
   void arm_backward();
@@ -80,6 +87,8 @@ class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
   void on_gradient_ready(size_t i);
   void reduce_gradients();
   at::Tensor& shard_grad_slot(size_t i);
+  at::Tensor gather_rows(const at::Tensor& local, size_t i) const;
+  at::Tensor local_rows_of(const at::Tensor& whole, size_t i) const;
   bool keeps_after_forward() const;
   c10::ScalarType compute_dtype() const;
 
@@ -101,6 +110,7 @@ class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
   };
   c10::optional<InFlight> gather_;
   c10::optional<InFlight> reduction_;
+  std::vector<at::Tensor> shard_state_;  // the optimizer's shard tensors while kWhole, in visit order
   // While unsharded, each parameter's .grad is its full gradient and its shard's gradient waits
   // here; while sharded, the other way round (a full gradient kept for accumulation waits here).
   std::vector<at::Tensor> waiting_grads_;
