@@ -28,6 +28,7 @@
 #include <ddp/comm_hooks.h>
 #include <ddp/data_loader.h>
 #include <ddp/distributed_data_parallel.h>
+#include <ddp/fully_shard.h>
 #include <ddp/distributed_sampler.h>
 #include <ddp/launch_environment.h>
 #include <ddp/zero_redundancy_optimizer.h>
@@ -63,6 +64,7 @@ struct Options {
   int64_t powersgd_rank = 2;
   int64_t powersgd_start_iter = 10;
   bool zero = false;  // Adam's state sharded over the ranks (ZeroRedundancyOptimizer)
+  bool fsdp = false;  // parameters, gradients and Adam's state sharded (ddp::fully_shard)
   bool allow_nonfinite = false;  // keep training when the loss is NaN or infinite
   std::string device = "cpu";    // cpu, cuda (this rank's GPU: LOCAL_RANK modulo the GPUs) or cuda:N
 };
@@ -101,10 +103,12 @@ struct Net : torch::nn::Module {
         fc1(register_module("fc1", torch::nn::Linear(32 * 7 * 7, 64))),
         fc2(register_module("fc2", torch::nn::Linear(64, examples::FashionMNIST::kClasses))) {}
 
+  // conv2 and fc1 (the largest layers) through ddp::sharded_forward: with --fsdp each is a block
+  // of its own, gathered only while it computes; otherwise a plain call.
   torch::Tensor forward(torch::Tensor x) {
-    x = torch::max_pool2d(torch::relu(conv1(x)), 2);  // [N, 16, 14, 14]
-    x = torch::max_pool2d(torch::relu(conv2(x)), 2);  // [N, 32, 7, 7]
-    return fc2(torch::relu(fc1(x.flatten(1))));       // logits [N, 10]
+    x = torch::max_pool2d(torch::relu(conv1(x)), 2);                          // [N, 16, 14, 14]
+    x = torch::max_pool2d(torch::relu(ddp::sharded_forward(conv2, x)), 2);    // [N, 32, 7, 7]
+    return fc2(torch::relu(ddp::sharded_forward(fc1, x.flatten(1))));         // logits [N, 10]
   }
 
   torch::nn::Conv2d conv1, conv2;
@@ -148,11 +152,13 @@ ddp::ProcessGroupPtr init(const Options& options) {
 // Global loss and accuracy on the test set, sharded over the ranks without shuffling. pad(false):
 // the shards are disjoint and together hold every test sample exactly once (PyTorch's sampler would
 // repeat some to even them out), so the summed figures are exact with no masking.
-ddp::Metrics evaluate(Net& net, const examples::FashionMNIST& test, int64_t batch_size, const c10::Device& device) {
+template <typename Model>
+ddp::Metrics evaluate(Model& model, Net& net, const examples::FashionMNIST& test, int64_t batch_size,
+                      const c10::Device& device) {
   ddp::DistributedSampler sampler(*test.size(), ddp::DistributedSamplerOptions().shuffle(false).pad(false));
   auto loader = torch::data::make_data_loader(examples::FashionMNIST(test).map(torch::data::transforms::Stack<>()),
                                               sampler, torch::data::DataLoaderOptions().batch_size(batch_size));
-  // Every rank holds the same parameters after a synced step, so the bare module suffices here.
+  // Through the model: with --fsdp, only it can gather the shards.
   torch::NoGradGuard no_grad;
   net.eval();
   ddp::Metrics local;
@@ -160,7 +166,7 @@ ddp::Metrics evaluate(Net& net, const examples::FashionMNIST& test, int64_t batc
   local.add("accuracy", 0, 0);
   for (auto& batch : *loader) {
     const double n = static_cast<double>(batch.data.size(0));
-    auto output = net.forward(batch.data.to(device));
+    const torch::Tensor output = model.forward(batch.data.to(device));
     const auto target = batch.target.to(device);
     local.add("loss", F::cross_entropy(output, target, F::CrossEntropyFuncOptions().reduction(torch::kSum))
                           .item<double>(), n);
@@ -228,6 +234,11 @@ void check_run(const std::string& path, const ddp::TrainingState& state, const O
 }
 #endif
 
+template <typename Model>
+int train_and_test(const Options& options, Model& model, Net& net, torch::optim::Optimizer& optimizer_ref,
+                   examples::FashionMNIST& train, const examples::FashionMNIST& test, const c10::Device& device,
+                   const char* optimizer_name);
+
 int run(const Options& options) {
   torch::set_num_threads(options.threads);
   auto pg = init(options);
@@ -243,6 +254,14 @@ int run(const Options& options) {
   auto net = std::make_shared<Net>();
   const c10::Device device = device_of(options);
   net->to(device);
+  if (options.fsdp) {
+    // Each block's parameters, gradients and Adam's state sharded over the ranks; the root the rest.
+    ddp::fully_shard(net->conv2);
+    ddp::fully_shard(net->fc1);
+    auto model = ddp::fully_shard(net);
+    auto optimizer = std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(options.lr));
+    return train_and_test(options, model, *net, *optimizer, train, test, device, "Adam (fully sharded: ddp::fully_shard)");
+  }
   ddp::DistributedDataParallel model(net, pg, ddp::DDPOptions().bucket_cap_mb(options.bucket_cap_mb).first_bucket_cap_mb(options.first_bucket_cap_mb));
   register_comm_hook(model, options);
   // --zero: each rank keeps Adam's state for its shard of the parameters only (ZeRO stage 1); the
@@ -254,7 +273,27 @@ int run(const Options& options) {
   } else {
     optimizer = std::make_unique<torch::optim::Adam>(model.parameters(), torch::optim::AdamOptions(options.lr));
   }
-  auto* zero = dynamic_cast<ddp::ZeroRedundancyOptimizerBase*>(optimizer.get());
+  const int code = train_and_test(options, model, *net, *optimizer, train, test, device,
+                                  options.zero ? "Adam (ZeRO: state sharded over the ranks)" : "Adam");
+  const auto* powersgd = dynamic_cast<const ddp::hooks::PowerSGDState*>(model.comm_hook_state());
+  if (powersgd != nullptr && rank == 0) {
+    std::printf("powersgd: %.1fx fewer gradient elements sent in the compressed steps\n",
+                powersgd->compression_stats().compress_rate);
+  }
+  ddp::destroy_process_group();
+  return code;
+}
+
+// The epochs: the same loop for DDP's wrapper and fully_shard's root.
+template <typename Model>
+int train_and_test(const Options& options, Model& model, Net& net, torch::optim::Optimizer& optimizer_ref,
+                   examples::FashionMNIST& train, const examples::FashionMNIST& test, const c10::Device& device,
+                   const char* optimizer_name) {
+  const int rank = ddp::get_rank();
+  const int world = ddp::get_world_size();
+  const bool leader = rank == 0;
+  torch::optim::Optimizer* optimizer = &optimizer_ref;
+  auto* zero = dynamic_cast<ddp::ZeroRedundancyOptimizerBase*>(optimizer);
 
   ddp::DistributedSampler sampler(*train.size(), ddp::DistributedSamplerOptions()
                                                      .num_replicas(world).rank(rank).shuffle(true).seed(options.seed));
@@ -267,7 +306,7 @@ int run(const Options& options) {
   // Resume from the newest checkpoint: model, optimizer and where the sampler stood. Rank 0 looks
   // for it and every rank follows, so all resume or all start fresh.
   if (!options.checkpoint_dir.empty()) {
-    const auto restored = ddp::load_checkpoint_if_exists(options.checkpoint_dir, model, optimizer.get());
+    const auto restored = ddp::load_checkpoint_if_exists(options.checkpoint_dir, model, optimizer);
     if (restored.loaded) {
       check_run(restored.path, restored.state, options);
       start_epoch = static_cast<int>(restored.state.sampler.epoch);
@@ -293,7 +332,7 @@ int run(const Options& options) {
                 "test samples, %d thread(s) per rank, comm hook %s, optimizer %s\n",
                 world, ddp::transport().c_str(), device.str().c_str(), static_cast<long long>(options.batch_size),
                 static_cast<long long>(options.batch_size * world), options.lr, *train.size(), *test.size(),
-                options.threads, options.comm_hook.c_str(), zero ? "Adam (ZeRO: state sharded over the ranks)" : "Adam");
+                options.threads, options.comm_hook.c_str(), optimizer_name);
   }
   // On a terminal: ours, or ddprun's, which shows our "\r" redraws live (launch/README.md).
   const char* ddprun_terminal = std::getenv("DDPRUN_TERMINAL");
@@ -309,8 +348,8 @@ int run(const Options& options) {
     for (auto& batch : *loader) {
       ++step;
       const auto data = batch.data.to(device), target = batch.target.to(device);
-      auto output = model.forward(data);
-      auto loss = F::cross_entropy(output, target);
+      const torch::Tensor output = model.forward(data);
+      torch::Tensor loss = F::cross_entropy(output, target);
       const double loss_value = loss.item<double>();
       check_finite_loss(loss_value, label, step, rank, options);
       optimizer->zero_grad();
@@ -327,7 +366,7 @@ int run(const Options& options) {
     const auto global = local.all_reduce();  // also waits for the slowest rank
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     bar.finish();
-    const auto tested = evaluate(*net, test, options.batch_size, device);
+    const auto tested = evaluate(model, net, test, options.batch_size, device);
     if (leader) {
       std::printf("%s: train loss %.4f acc %.2f%% | test loss %.4f acc %.2f%% (%.0f samples) | %.0f samples/s, %.1f s\n",
                   label.c_str(), global.mean("loss"), 100 * global.mean("accuracy"), tested.mean("loss"),
@@ -339,17 +378,11 @@ int run(const Options& options) {
       const ddp::TrainingState state{epoch + 1, /*global_step*/ 0, ddp::SamplerState{epoch + 1, 0},
                                      {{"run_id", run_identity(options)}}};
       if (zero) zero->consolidate_state_dict(0);  // every rank: rank 0 writes the whole state
-      ddp::save_checkpoint(ddp::checkpoint_path(options.checkpoint_dir, epoch + 1), model, optimizer.get(), state,
+      ddp::save_checkpoint(ddp::checkpoint_path(options.checkpoint_dir, epoch + 1), model, optimizer, state,
                            ddp::CheckpointOptions().keep_last(2));
     }
 #endif
   }
-  const auto* powersgd = dynamic_cast<const ddp::hooks::PowerSGDState*>(model.comm_hook_state());
-  if (powersgd != nullptr && leader) {
-    std::printf("powersgd: %.1fx fewer gradient elements sent in the compressed steps\n",
-                powersgd->compression_stats().compress_rate);
-  }
-  ddp::destroy_process_group();
   return 0;
 }
 
@@ -406,10 +439,18 @@ int main(int argc, char** argv) {
   app.add_option("--device", options.device,
                  "where the model and batches live: cpu, cuda (this rank's GPU: LOCAL_RANK modulo the GPUs) or cuda:N")
       ->check(device_flag());
+  app.add_flag("--fsdp", options.fsdp,
+               "fully sharded data parallel (ddp::fully_shard): parameters, gradients and Adam's state 1/world per "
+               "rank, the same training as DDP's");
   app.add_flag("--zero", options.zero,
                "shard Adam's state over the ranks (ZeroRedundancyOptimizer, ZeRO stage 1): the same updates, about "
                "1/world of the optimizer memory per rank");
   if (const auto exit_code = examples::parse_command_line(app, argc, argv)) return *exit_code;
+  if (options.fsdp && (options.zero || options.comm_hook != "none")) {
+    std::fprintf(stderr, "train_fashion_mnist: --fsdp shards Adam's state and reduces gradients itself; it does not "
+                         "combine with --zero or --comm-hook\n");
+    return 2;
+  }
   try {
     return run(options);
   } catch (const std::exception& error) {

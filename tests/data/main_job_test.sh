@@ -36,6 +36,9 @@
 #   main_job_test.sh zero DDPRUN TRAIN      --zero (Adam's state sharded, ZeroRedundancyOptimizer): 2
 #                                           epochs at 2 ranks, the second resumed from the first's
 #                                           checkpoint, print the same figures as plain Adam straight
+#   main_job_test.sh fsdp DDPRUN TRAIN      --fsdp (ddp::fully_shard): 2 epochs at 2 ranks, the second
+#                                           resumed from the first's checkpoint, print DDP's figures
+#                                           straight (at 2 ranks the same sums: halving is exact)
 #   main_job_test.sh identity DDPRUN TRAIN  a checkpoint names the run that wrote it: another run
 #                                           resumes it only with --resume-from-other-run; a restart
 #                                           by ddprun --max-restarts (same run id) resumes
@@ -329,6 +332,30 @@ case $mode in
     zero=$(printf '%s\n%s' "$first" "$(figures "$out")")
     [ "$zero" = "$plain" ] || fail "ZeRO's figures differ from plain Adam's: $zero vs $plain"
     echo "PASS: zero"
+    ;;
+
+  fsdp)
+    ddprun=$1 train=$2
+    dir=$(mktemp -d)
+    trap 'rm -rf "$dir"' EXIT
+    figures() {
+      grep -Eo 'epoch [0-9]/[0-9]: train loss [0-9.]+ acc [0-9.]+% \| test loss [0-9.]+ acc [0-9.]+% \(10000 samples\)' <<<"$1" |
+        sed 's#/[0-9]:#:#'
+    }
+    run2() { "$ddprun" --standalone --nproc-per-node 2 -- "$train" "${small[@]}" "$@" 2>&1; }
+    out=$(run2 --epochs 2) || fail "DDP: exit code $?"
+    ddp=$(figures "$out")
+    [ "$(wc -l <<<"$ddp")" = 2 ] || fail "DDP: expected two epoch lines"
+    out=$(run2 --epochs 1 --fsdp --checkpoint-dir "$dir" --run-id fsdp-test) || fail "fsdp, epoch 1: exit code $?"
+    grep -q "optimizer Adam (fully sharded: ddp::fully_shard)" <<<"$out" || fail "fsdp not named on the first line"
+    first=$(figures "$out")
+    out=$(run2 --epochs 2 --fsdp --checkpoint-dir "$dir" --run-id fsdp-test) || fail "fsdp, epoch 2: exit code $?"
+    grep -q "resumed from $dir/checkpoint-00000001.pt at epoch 2" <<<"$out" || fail "fsdp did not resume its checkpoint"
+    fsdp=$(printf '%s\n%s' "$first" "$(figures "$out")")
+    [ "$fsdp" = "$ddp" ] || fail "fsdp's figures differ from DDP's: $fsdp vs $ddp"
+    out=$("$train" --fsdp --zero 2>&1); code=$?
+    [ $code = 2 ] && grep -q "does not combine with --zero" <<<"$out" || fail "--fsdp --zero: exit $code, $out"
+    echo "PASS: fsdp"
     ;;
 
   refusals)

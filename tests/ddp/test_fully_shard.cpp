@@ -80,13 +80,16 @@ void train_against_one_process(const std::string& optimizer_kind, bool reshard_a
   for (int step = 0; step < 10; ++step) {
     auto [x, y] = batch(step, 10, 12);
     y = y.narrow(1, 0, 5);
-    optimizer->zero_grad();
-    reference_optimizer->zero_grad();
     const int64_t rows = 12 / world / micro_batches;
     for (int m = 0; m < micro_batches; ++m) {
       model.set_requires_gradient_sync(m == micro_batches - 1);
       auto mine_x = shard(x, rank, world).narrow(0, m * rows, rows), mine_y = shard(y, rank, world).narrow(0, m * rows, rows);
-      torch::mse_loss(model.forward(mine_x), mine_y).backward();
+      torch::Tensor loss = torch::mse_loss(model.forward(mine_x), mine_y);
+      if (m == 0) {  // between forward and backward, as many loops do: the shards' gradients are cleared
+        optimizer->zero_grad();
+        reference_optimizer->zero_grad();
+      }
+      loss.backward();
       std::vector<torch::Tensor> all_x, all_y;
       for (int r = 0; r < world; ++r) {
         all_x.push_back(shard(x, r, world).narrow(0, m * rows, rows));

@@ -133,20 +133,14 @@ void ShardedUnit::unshard() {
     for (size_t i = 0; i < params_.size(); ++i) full_views_[i].copy_(layout_.full_from_gathered(gathered, i));
   }
   torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    swap_grad(params_[i], waiting_grads_[i]);
-    params_[i].set_data(full_views_[i]);
-  }
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(full_views_[i]);
   state_ = State::kUnsharded;
 }
 
 void ShardedUnit::reshard() {
   if (state_ != State::kUnsharded) return;
   torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    swap_grad(params_[i], waiting_grads_[i]);
-    params_[i].set_data(shard_views_[i]);
-  }
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(shard_views_[i]);
   free_storage(full_);
   tree_->count_unsharded(-static_cast<int64_t>(full_.nbytes()));
   state_ = State::kSharded;
@@ -222,8 +216,12 @@ void ShardedUnit::disarm_backward() {
 }
 
 void ShardedUnit::before_backward() {
-  if (backward_ != Backward::kExpecting) return;
+  if (backward_ != Backward::kExpecting || full_grads_) return;
   unshard();
+  // From here until the reduction, .grad is the full gradient autograd accumulates into (after
+  // set_requires_gradient_sync(false): the sum so far); the shard's waits.
+  for (size_t i = 0; i < params_.size(); ++i) swap_grad(params_[i], waiting_grads_[i]);
+  full_grads_ = true;
   tree_->backward_started();
   if (auto previous = tree_->previous_in_forward(this)) previous->start_gather();  // its backward comes next
 }
@@ -242,17 +240,18 @@ void ShardedUnit::reduce_gradients() {
   backward_ = Backward::kReduced;
   if (requires_sync_ && layout_.flat_numel() > 0) {
     tree_->reduction_started(shared_from_this());  // the previous one's buffers freed first
+    shard_grads_back();  // the full gradients now wait: they are read from there
     const auto reduce_dtype = options_.mixed_precision().reduce_dtype().value_or(flat_shard_.scalar_type());
     InFlight reduction;
     reduction.input = at::zeros({layout_.flat_numel() * layout_.world()}, flat_shard_.options().dtype(reduce_dtype));
     int64_t full_grad_bytes = 0;
-    for (const auto& param : params_) full_grad_bytes += param.grad().defined() ? param.grad().nbytes() : 0;
+    for (const auto& full : waiting_grads_) full_grad_bytes += full.defined() ? full.nbytes() : 0;
     tree_->count_unsharded(full_grad_bytes + reduction.input.nbytes());
     for (size_t i = 0; i < params_.size(); ++i) {
-      const at::Tensor full = params_[i].grad();
+      const at::Tensor full = std::move(waiting_grads_[i]);
+      waiting_grads_[i] = at::Tensor();
       if (!full.defined()) continue;
       layout_.place_in_segments(full.to(reduce_dtype), i, reduction.input);
-      params_[i].mutable_grad() = at::Tensor();
       tree_->count_unsharded(-static_cast<int64_t>(full.nbytes()));
     }
     // The average: every rank's share divided first, so the sum is the mean.
@@ -264,11 +263,19 @@ void ShardedUnit::reduce_gradients() {
     reduction.work = groups_.shard->_reduce_scatter_base(reduction.output, reduction.input);
     reduction_ = std::move(reduction);
   }
+  shard_grads_back();  // without sync: the full gradients wait for the next backward
   reshard();
 }
 
 at::Tensor& ShardedUnit::shard_grad_slot(size_t i) {
-  return state_ == State::kSharded ? params_[i].mutable_grad() : waiting_grads_[i];
+  return full_grads_ ? waiting_grads_[i] : params_[i].mutable_grad();
+}
+
+// .grad is the shard's gradient again; the full gradients, if any are left, wait.
+void ShardedUnit::shard_grads_back() {
+  if (!full_grads_) return;
+  for (size_t i = 0; i < params_.size(); ++i) swap_grad(params_[i], waiting_grads_[i]);
+  full_grads_ = false;
 }
 
 void ShardedUnit::complete_reduction() {
@@ -348,9 +355,7 @@ void ShardedUnit::gather_whole(torch::optim::Optimizer* optimizer) {
     });
   }
   for (size_t i = 0; i < params_.size(); ++i) {
-    at::Tensor whole = gather_rows(shard_views_[i], i);
-    swap_grad(params_[i], waiting_grads_[i]);
-    params_[i].set_data(whole);
+    params_[i].set_data(gather_rows(shard_views_[i], i));
   }
   state_ = State::kWhole;
 }
@@ -376,7 +381,6 @@ void ShardedUnit::shard_again(torch::optim::Optimizer* optimizer, bool take_whol
   shard_state_.clear();
   for (size_t i = 0; i < params_.size(); ++i) {
     if (take_whole) layout_.copy_local_rows(params_[i].detach(), i, flat_shard_);
-    swap_grad(params_[i], waiting_grads_[i]);
     params_[i].set_data(shard_views_[i]);
   }
   state_ = State::kSharded;
@@ -384,9 +388,8 @@ void ShardedUnit::shard_again(torch::optim::Optimizer* optimizer, bool take_whol
 
 int64_t ShardedUnit::shard_grad_bytes() const {
   int64_t bytes = 0;
-  const bool sharded = state_ == State::kSharded;
   for (size_t i = 0; i < params_.size(); ++i) {
-    const at::Tensor& grad = sharded ? params_[i].grad() : waiting_grads_[i];
+    const at::Tensor& grad = full_grads_ ? waiting_grads_[i] : params_[i].grad();
     if (grad.defined()) bytes += grad.nbytes();
   }
   return bytes;

@@ -87,6 +87,7 @@ class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
   void on_gradient_ready(size_t i);
   void reduce_gradients();
   at::Tensor& shard_grad_slot(size_t i);
+  void shard_grads_back();
   at::Tensor gather_rows(const at::Tensor& local, size_t i) const;
   at::Tensor local_rows_of(const at::Tensor& whole, size_t i) const;
   bool keeps_after_forward() const;
@@ -111,9 +112,12 @@ class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
   c10::optional<InFlight> gather_;
   c10::optional<InFlight> reduction_;
   std::vector<at::Tensor> shard_state_;  // the optimizer's shard tensors while kWhole, in visit order
-  // While unsharded, each parameter's .grad is its full gradient and its shard's gradient waits
-  // here; while sharded, the other way round (a full gradient kept for accumulation waits here).
+  // Whenever the program has control, each parameter's .grad is its shard's gradient (what the
+  // optimizer steps and zero_grad() clears), and a full gradient kept for accumulation waits here.
+  // In backward, from the gradient reaching the unit's outputs to the reduction (full_grads_),
+  // the other way round: .grad is the full gradient autograd accumulates into.
   std::vector<at::Tensor> waiting_grads_;
+  bool full_grads_ = false;
   State state_ = State::kSharded;
   Backward backward_ = Backward::kIdle;
   bool requires_sync_ = true;
