@@ -2,10 +2,10 @@
 // Where each parameter of one fully_shard call lives when sharded: every parameter cut along dim 0
 // into W chunks of ceil(rows / W) rows (PyTorch's torch.chunk, as FSDP2 shards), rank r keeping
 // chunk r. A rank's chunks of all the unit's parameters sit one after the other in one flat
-// buffer, each padded to the full chunk size, so that:
-//   - the all-gather is one collective over the flat buffers (rank r's arrives at segment r), and
-//   - the reduce-scatter is one collective over a [W, flat] buffer (segment r goes to rank r).
-// Sizes only, plus the three copies between the layouts; testable in one process.
+// buffer, each padded to the full chunk size, so that the W padded chunks of a parameter side by
+// side are the parameter row-major followed by padding: an all-gather of the chunk lands the whole
+// parameter in place, and a reduce-scatter of the padded whole gives each rank its chunk.
+// Sizes only, plus the copy into the flat buffer; testable in one process.
 #include <cstdint>
 #include <vector>
 
@@ -39,12 +39,6 @@ class ShardLayout {
   void copy_local_rows(const at::Tensor& full, size_t i, at::Tensor& flat) const;
   // Parameter i's shard, a view of `flat` (rank-local, unpadded).
   at::Tensor shard_view(const at::Tensor& flat, size_t i) const;
-  // Parameter i's full value out of `gathered` (W flat shards, rank r's at segment r): a new
-  // contiguous tensor of the full shape.
-  at::Tensor full_from_gathered(const at::Tensor& gathered, size_t i) const;
-  // Parameter i's full gradient cut into its W chunks, chunk r into segment r of `scatter_input`
-  // ([W * flat_numel], zero where the chunks are padded).
-  void place_in_segments(const at::Tensor& full, size_t i, at::Tensor& scatter_input) const;
 
  private:
   std::vector<ShardSlot> slots_;

@@ -13,6 +13,7 @@
 #include <ddp/wait_collective.h>
 
 #include "free_collective.h"
+#include "observe/timeline.h"
 #include "optimizer_state.h"
 
 namespace ddp::detail {
@@ -41,6 +42,25 @@ at::Tensor as_wire(const at::Tensor& tensor) {
   return tensor.element_size() == 2 ? tensor.view(at::kShort) : tensor;
 }
 
+// A span of this unit's on the TORCHDDP_TIMELINE trace (observe/timeline.h), when there is one.
+class UnitSpan {
+ public:
+  UnitSpan(Timeline::Row row, const char* name, const std::string& unit)
+      : timeline_(Timeline::get()), row_(row), name_(name), unit_(unit), start_ns_(timeline_ ? now_ns() : 0) {}
+  ~UnitSpan() {
+    if (timeline_) timeline_->span(row_, name_, start_ns_, now_ns(), "\"unit\": \"" + unit_ + "\"");
+  }
+  UnitSpan(const UnitSpan&) = delete;
+  UnitSpan& operator=(const UnitSpan&) = delete;
+
+ private:
+  Timeline* timeline_;
+  Timeline::Row row_;
+  const char* name_;
+  const std::string& unit_;
+  int64_t start_ns_;
+};
+
 void swap_grad(at::Tensor& param, at::Tensor& waiting) {
   at::Tensor current = param.grad();
   param.mutable_grad() = std::move(waiting);
@@ -60,7 +80,9 @@ ShardedUnit::ShardedUnit(const std::shared_ptr<torch::nn::Module>& module, std::
       names_(std::move(names)),
       params_(std::move(params)),
       options_(std::move(options)),
-      groups_(std::move(groups)) {
+      groups_(std::move(groups)),
+      label_(module->name() + (names_.empty() ? std::string() : " (" + names_.front() + ", ...)")) {
+  Timeline::open_for_rank(is_initialized() ? get_rank() : groups_.shard->getRank());
   torch::NoGradGuard no_grad;
   // 1. Rank 0's values on every rank: along the replicas first, then inside each shard group.
   for (auto& param : params_) {
@@ -68,23 +90,18 @@ ShardedUnit::ShardedUnit(const std::shared_ptr<torch::nn::Module>& module, std::
     if (groups_.replicate) broadcast(data, 0, groups_.replicate);
     broadcast(data, 0, groups_.shard);
   }
-  // 2. The layout, this rank's chunks, and the full parameters' storage (empty until gathered).
+  // 2. The layout, this rank's chunks, and the full parameters' storage (empty until gathered):
+  // each parameter padded to W chunks, so that its all-gather lands straight in place.
   std::vector<std::vector<int64_t>> shapes;
-  int64_t full_numel = 0;
-  for (const auto& param : params_) {
-    shapes.push_back(param.sizes().vec());
-    full_numel += param.numel();
-  }
+  for (const auto& param : params_) shapes.push_back(param.sizes().vec());
   layout_ = ShardLayout(shapes, groups_.shard->getSize(), groups_.shard->getRank());
   const auto options_of_params = params_.empty() ? at::TensorOptions() : params_[0].options();
   flat_shard_ = at::empty({layout_.flat_numel()}, options_of_params);
-  full_ = at::empty({full_numel}, options_of_params.dtype(compute_dtype()));
-  int64_t offset = 0;
+  full_ = at::empty({layout_.flat_numel() * layout_.world()}, options_of_params.dtype(compute_dtype()));
   for (size_t i = 0; i < params_.size(); ++i) {
     layout_.copy_local_rows(params_[i].detach(), i, flat_shard_);
     shard_views_.push_back(layout_.shard_view(flat_shard_, i));
-    full_views_.push_back(full_.narrow(0, offset, params_[i].numel()).view(params_[i].sizes()));
-    offset += params_[i].numel();
+    full_views_.push_back(full_region(i).narrow(0, 0, params_[i].numel()).view(params_[i].sizes()));
   }
   free_storage(full_);
   // 3. The module's parameters become their shards (the same tensors: optimizers built on them
@@ -107,31 +124,59 @@ c10::ScalarType ShardedUnit::compute_dtype() const {
 // Gathering and freeing
 // ---------------------------------------------------------------------------------------------
 
-// One all-gather of every rank's flat chunks, in the compute dtype (half the bytes in bf16),
-// launched now and waited for by unshard().
+// Parameter i's W chunks side by side in the full storage: its all-gather's output, whose
+// first rows are the parameter.
+at::Tensor ShardedUnit::full_region(size_t i) const {
+  const ShardSlot& slot = layout_.slots()[i];
+  return full_.narrow(0, slot.offset * layout_.world(), slot.padded_numel() * layout_.world());
+}
+
+void ShardedUnit::allocate_full() {
+  if (full_allocated_) return;
+  allocate_storage(full_);
+  tree_->count_unsharded(full_.nbytes());
+  full_allocated_ = true;
+}
+
+void ShardedUnit::free_full() {
+  if (!full_allocated_) return;
+  free_storage(full_);
+  tree_->count_unsharded(-static_cast<int64_t>(full_.nbytes()));
+  full_allocated_ = false;
+}
+
+// One all-gather per parameter, of its chunk into its place in the full storage (in the compute
+// dtype: half the bytes in bf16); launched now, waited for by unshard().
 void ShardedUnit::start_gather() {
   if (state_ != State::kSharded || gather_ || layout_.flat_numel() == 0) return;
+  allocate_full();
   InFlight gather;
-  gather.input = as_wire(flat_shard_.to(compute_dtype()));
-  gather.output = at::empty({layout_.flat_numel() * layout_.world()}, gather.input.options());
-  verify_if_detail(groups_.shard, fingerprint(CollectiveOp::kAllGatherIntoTensor, gather.input), "ddp::fully_shard");
-  gather.work = groups_.shard->_allgather_base(gather.output, gather.input);
+  at::Tensor send = flat_shard_.to(compute_dtype());  // alive until waited for
+  verify_if_detail(groups_.shard, fingerprint(CollectiveOp::kAllGatherIntoTensor, send), "ddp::fully_shard");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ShardSlot& slot = layout_.slots()[i];
+    if (slot.padded_numel() == 0) continue;
+    at::Tensor input = as_wire(send.narrow(0, slot.offset, slot.padded_numel()));
+    at::Tensor output = as_wire(full_region(i));
+    gather.works.push_back(groups_.shard->_allgather_base(output, input));
+  }
+  gather.inputs.push_back(std::move(send));
   gather_ = std::move(gather);
+}
+
+void ShardedUnit::wait_gather() {
+  if (!gather_) return;
+  UnitSpan span(Timeline::kCommunication, "fsdp all-gather (waited for)", label_);
+  InFlight gather = std::move(*gather_);
+  gather_.reset();
+  for (const auto& work : gather.works) wait_collective(work, "ddp::fully_shard: the all-gather of a block's parameters");
 }
 
 void ShardedUnit::unshard() {
   if (state_ != State::kSharded) return;
-  allocate_storage(full_);
-  tree_->count_unsharded(full_.nbytes());
   start_gather();
-  if (gather_) {
-    InFlight gather = std::move(*gather_);
-    gather_.reset();
-    wait_collective(gather.work, "ddp::fully_shard: the all-gather of a block's parameters");
-    // Each parameter's chunks side by side into its full storage.
-    const at::Tensor gathered = gather.output.view(full_.scalar_type());
-    for (size_t i = 0; i < params_.size(); ++i) full_views_[i].copy_(layout_.full_from_gathered(gathered, i));
-  }
+  allocate_full();  // a unit with nothing to gather
+  wait_gather();
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(full_views_[i]);
   state_ = State::kUnsharded;
@@ -141,8 +186,7 @@ void ShardedUnit::reshard() {
   if (state_ != State::kUnsharded) return;
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(shard_views_[i]);
-  free_storage(full_);
-  tree_->count_unsharded(-static_cast<int64_t>(full_.nbytes()));
+  free_full();
   state_ = State::kSharded;
 }
 
@@ -232,9 +276,10 @@ void ShardedUnit::on_gradient_ready(size_t i) {
   if (--pending_ == 0) reduce_gradients();
 }
 
-// Every full gradient of the unit cut into the ranks' chunks (each freed once copied), the
-// reduce-scatter launched, and the full parameters freed; complete_reduction() sums the result
-// into the shards' gradients. Without sync the full gradients are kept for the next backward.
+// One reduce-scatter per parameter, launched; complete_reduction() averages the result into the
+// shards' gradients. A full gradient whose rows split evenly is already its W chunks side by side
+// (rank r's are rows r*c..): it is reduced where it lies; others are padded in a copy. Without
+// sync the full gradients are kept for the next backward instead.
 void ShardedUnit::reduce_gradients() {
   disarm_backward();
   backward_ = Backward::kReduced;
@@ -242,25 +287,33 @@ void ShardedUnit::reduce_gradients() {
     tree_->reduction_started(shared_from_this());  // the previous one's buffers freed first
     shard_grads_back();  // the full gradients now wait: they are read from there
     const auto reduce_dtype = options_.mixed_precision().reduce_dtype().value_or(flat_shard_.scalar_type());
+    const auto reduce_options = flat_shard_.options().dtype(reduce_dtype);
+    UnitSpan span(Timeline::kBucketFill, "fsdp reduce-scatter launched", label_);
     InFlight reduction;
-    reduction.input = at::zeros({layout_.flat_numel() * layout_.world()}, flat_shard_.options().dtype(reduce_dtype));
-    int64_t full_grad_bytes = 0;
-    for (const auto& full : waiting_grads_) full_grad_bytes += full.defined() ? full.nbytes() : 0;
-    tree_->count_unsharded(full_grad_bytes + reduction.input.nbytes());
-    for (size_t i = 0; i < params_.size(); ++i) {
-      const at::Tensor full = std::move(waiting_grads_[i]);
-      waiting_grads_[i] = at::Tensor();
-      if (!full.defined()) continue;
-      layout_.place_in_segments(full.to(reduce_dtype), i, reduction.input);
-      tree_->count_unsharded(-static_cast<int64_t>(full.nbytes()));
-    }
-    // The average: every rank's share divided first, so the sum is the mean.
-    reduction.input.div_(groups_.data_parallel_size());
-    reduction.output = at::empty({layout_.flat_numel()}, reduction.input.options());
     verify_if_detail(groups_.shard,
-                     fingerprint(CollectiveOp::kReduceScatter, reduction.input, -1, static_cast<int64_t>(c10d::ReduceOp::SUM)),
+                     fingerprint(CollectiveOp::kReduceScatter, flat_shard_, -1, static_cast<int64_t>(c10d::ReduceOp::SUM)),
                      "ddp::fully_shard");
-    reduction.work = groups_.shard->_reduce_scatter_base(reduction.output, reduction.input);
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!params_[i].requires_grad()) continue;
+      const ShardSlot& slot = layout_.slots()[i];
+      at::Tensor full = std::exchange(waiting_grads_[i], at::Tensor());
+      at::Tensor input;
+      if (full.defined() && full.scalar_type() == reduce_dtype && full.is_contiguous() &&
+          slot.rows == slot.chunk_rows * layout_.world()) {
+        input = full.view(-1);
+      } else {
+        input = at::zeros({slot.padded_numel() * layout_.world()}, reduce_options);
+        if (full.defined()) input.narrow(0, 0, full.numel()).copy_(full.reshape(-1));
+      }
+      at::Tensor output = at::empty({slot.padded_numel()}, reduce_options);
+      reduction.works.push_back(groups_.shard->_reduce_scatter_base(output, input));
+      reduction.inputs.push_back(std::move(input));
+      reduction.outputs.push_back(std::move(output));
+      reduction.params.push_back(i);
+    }
+    for (const auto& tensor : reduction.inputs) reduction.bytes += tensor.nbytes();
+    for (const auto& tensor : reduction.outputs) reduction.bytes += tensor.nbytes();
+    tree_->count_unsharded(reduction.bytes);
     reduction_ = std::move(reduction);
   }
   shard_grads_back();  // without sync: the full gradients wait for the next backward
@@ -282,20 +335,30 @@ void ShardedUnit::complete_reduction() {
   if (!reduction_) return;
   InFlight reduction = std::move(*reduction_);
   reduction_.reset();
-  wait_collective(reduction.work, "ddp::fully_shard: the reduce-scatter of a block's gradients");
-  tree_->count_unsharded(-static_cast<int64_t>(reduction.input.nbytes()));
-  if (groups_.replicate) all_reduce(reduction.output, c10d::ReduceOp::SUM, groups_.replicate);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (!params_[i].requires_grad()) continue;
-    // A tensor of its own, not a view of the output: optimizers detach_() gradients in place.
-    at::Tensor shard_grad = layout_.shard_view(reduction.output, i).to(flat_shard_.scalar_type(), false, /*copy=*/true);
-    at::Tensor& slot = shard_grad_slot(i);  // accumulated until zero_grad, as .grad always is
-    if (slot.defined()) {
-      slot.add_(shard_grad);
+  UnitSpan span(Timeline::kCommunication, "fsdp reduce-scatter (waited for)", label_);
+  for (const auto& work : reduction.works) {
+    wait_collective(work, "ddp::fully_shard: the reduce-scatter of a block's gradients");
+  }
+  const int divisor = groups_.data_parallel_size();
+  for (size_t k = 0; k < reduction.params.size(); ++k) {
+    const size_t i = reduction.params[k];
+    const ShardSlot& slot = layout_.slots()[i];
+    at::Tensor& output = reduction.outputs[k];
+    if (groups_.replicate) all_reduce(output, c10d::ReduceOp::SUM, groups_.replicate);
+    output.div_(divisor);  // the sum over every rank, averaged
+    // This rank's rows as a tensor of its own (not a view: optimizers detach_() gradients in place).
+    at::Tensor shard_grad = at::empty({0}, output.options());
+    shard_grad.set_(output.storage(), output.storage_offset(), slot.local_shape(), {});
+    shard_grad = shard_grad.contiguous();
+    if (shard_grad.scalar_type() != flat_shard_.scalar_type()) shard_grad = shard_grad.to(flat_shard_.scalar_type());
+    at::Tensor& slot_grad = shard_grad_slot(i);  // accumulated until zero_grad, as .grad always is
+    if (slot_grad.defined()) {
+      slot_grad.add_(shard_grad);
     } else {
-      slot = shard_grad;
+      slot_grad = shard_grad;
     }
   }
+  tree_->count_unsharded(-reduction.bytes);
 }
 
 void ShardedUnit::finish_backward() {
@@ -308,9 +371,8 @@ void ShardedUnit::finish_backward() {
 // after the optimizer's step, so it is waited for (every rank launched it) and dropped.
 void ShardedUnit::drop_unused_gather() {
   if (!gather_) return;
-  InFlight gather = std::move(*gather_);
-  gather_.reset();
-  wait_collective(gather.work, "ddp::fully_shard: the all-gather of a block's parameters");
+  wait_gather();
+  if (state_ == State::kSharded) free_full();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -321,13 +383,12 @@ void ShardedUnit::drop_unused_gather() {
 // side by side: the whole tensor, on every rank.
 at::Tensor ShardedUnit::gather_rows(const at::Tensor& local, size_t i) const {
   const ShardSlot& slot = layout_.slots()[i];
-  const ShardLayout one({slot.shape}, layout_.world(), layout_.rank());
   at::Tensor padded = at::zeros({slot.padded_numel()}, local.options());
   if (local.numel() > 0) padded.narrow(0, 0, local.numel()).copy_(local.reshape(-1));
   at::Tensor gathered = at::empty({slot.padded_numel() * layout_.world()}, local.options());
   at::Tensor wire = as_wire(gathered);
   all_gather_into_tensor(wire, as_wire(padded), groups_.shard);
-  return one.full_from_gathered(gathered, 0).clone();
+  return gathered.narrow(0, 0, slot.rows * slot.row_numel).view(slot.shape).clone();
 }
 
 // This rank's rows of parameter i's whole-shaped `whole`, as a tensor of its own.

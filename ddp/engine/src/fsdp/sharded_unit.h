@@ -89,6 +89,10 @@ class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
   at::Tensor& shard_grad_slot(size_t i);
   void shard_grads_back();
   at::Tensor gather_rows(const at::Tensor& local, size_t i) const;
+  at::Tensor full_region(size_t i) const;
+  void allocate_full();
+  void free_full();
+  void wait_gather();
   at::Tensor local_rows_of(const at::Tensor& whole, size_t i) const;
   bool keeps_after_forward() const;
   c10::ScalarType compute_dtype() const;
@@ -99,15 +103,20 @@ class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
   std::vector<at::Tensor> params_;  // the module's own tensors: their data is what we swap
   FSDPOptions options_;
   ShardGroups groups_;
+  std::string label_;  // for the timeline: the module's class and first parameter
   ShardLayout layout_;
   at::Tensor flat_shard_;  // this rank's padded chunks; params_ view it when sharded
   std::vector<at::Tensor> shard_views_;
-  at::Tensor full_;  // every full parameter, one after the other (storage freed while sharded)
+  at::Tensor full_;  // every full parameter padded to W chunks, one after the other (storage
+                     // freed while sharded)
   std::vector<at::Tensor> full_views_;
-  // A launched all-gather (its buffers stay alive until it is waited for) and reduce-scatter.
+  bool full_allocated_ = false;
+  // Launched collectives, one per parameter, and their buffers (alive until waited for).
   struct InFlight {
-    c10::intrusive_ptr<c10d::Work> work;
-    at::Tensor input, output;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    std::vector<at::Tensor> inputs, outputs;
+    std::vector<size_t> params;  // a reduction's parameter per output
+    int64_t bytes = 0;           // a reduction's buffers, counted as unsharded while alive
   };
   c10::optional<InFlight> gather_;
   c10::optional<InFlight> reduction_;
