@@ -53,7 +53,7 @@ void usage() {
       "                 [--world 2] [--caps 0,1,5,25,100] [--view-caps 25] [--warmup N] [--steps N]\n"
       "                 [--rounds N] [--memory-steps N] [--no-memory] [--no-features] [--no-hooks] [--mlp-width N]\n"
       "                 [--mlp-layers N]\n"
-      "                 [--timeout SECONDS] [--out DIR]\n"
+      "                 [--timeout SECONDS] [--out DIR] [--only fsdp_adam,ours+adam,...]\n"
       "  --quick      a small MLP, few steps, worlds 1 and 2 (what CTest runs; under a minute)\n"
       "  --model      one model at its default batch (mlp 4, resnet 32) instead of the three configs\n"
       "  --configs    model:batch[:rounds] list (rounds overrides --rounds for that config)\n"
@@ -62,6 +62,7 @@ void usage() {
       "  --rounds     interleaved rounds; each runs --steps timed steps of every variant\n"
       "  --no-features  without ours_join, ours_detail, ours_auto, ours_optimizer, ours_syncbn (what Join, DETAIL, autotuning,\n"
       "               SyncBatchNorm cost)\n"
+      "  --only       these variants alone (kind names, as the report prints them), no allreduce section\n"
       "  --no-hooks   without the communication hook variants (ours+fp16, ours+bf16, ours+powersgd1/4, reducer+fp16)\n";
 }
 
@@ -130,6 +131,10 @@ Options parse(int argc, char** argv) {
     else if (arg == "--rounds") o.rounds = std::stoi(value());
     else if (arg == "--memory-steps") o.memory_steps = std::stoi(value());
     else if (arg == "--no-memory") o.memory = false;
+    else if (arg == "--only") {
+      std::stringstream names(value());
+      for (std::string name; std::getline(names, name, ',');) o.only.push_back(name);
+    }
     else if (arg == "--no-features") o.features = false;
     else if (arg == "--no-hooks") o.hooks = false;
     else if (arg == "--mlp-width") width = std::stoi(value());
@@ -171,6 +176,7 @@ void timing_job(const Options& o, const ModelConfig& config, const Groups& group
   const Batch batch = make_batch(config, rank);
   std::vector<Variant> variants;
   for (const auto& spec : all_variants(o.caps, o.view_caps, o.features, o.hooks, config.model == "resnet")) {
+    if (!selected(o, spec.kind_name())) continue;
     variants.push_back(make_variant(spec, make_model(config, uses_sync_batchnorm(spec)), batch, groups));
   }
   for (auto& variant : variants) {
@@ -262,6 +268,12 @@ void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& 
   const Batch batch = make_batch(config, group->getRank());
   ddp::barrier(group);
   if (!reset_peak_rss()) throw std::runtime_error("cannot reset the peak RSS (/proc/self/clear_refs)");
+  int64_t largest_block_bytes = 0;  // fully_shard's promise: 16/W per parameter plus one block (unsharded)
+  for (const auto& block : model->shard_blocks()) {
+    int64_t bytes = 0;
+    for (const auto& param : block->parameters()) bytes += param.numel() * 4;
+    largest_block_bytes = std::max(largest_block_bytes, bytes);
+  }
   const double baseline = proc_status_mib("VmRSS");
   const double baseline_pss = proportional_set_mib();
   Variant variant = make_variant(spec, model, batch, groups);
@@ -290,12 +302,6 @@ void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& 
               {"optimizer_state_bytes_per_rank", state_per_rank},
               {"largest_parameter_bytes", largest_parameter_bytes}};
   for (const auto& [name, bytes] : library_bytes) out["library_bytes"][name] = bytes;
-  int64_t largest_block_bytes = 0;  // fully_shard's promise: 16/W per parameter plus one block
-  for (const auto& block : model->shard_blocks()) {
-    int64_t bytes = 0;
-    for (const auto& param : block->parameters()) bytes += param.numel() * 4;
-    largest_block_bytes = std::max(largest_block_bytes, bytes);
-  }
   out["largest_block_bytes"] = largest_block_bytes;
   out["parameters"] = parameter_count(config);
   std::ofstream(fs::path(o.out) / memory_file(config, group->getSize(), spec)) << out.dump(1) << "\n";
@@ -517,7 +523,11 @@ std::vector<VariantSpec> memory_variants(const Options& o) {
   specs.push_back({Kind::ours_zero_adam, hook_cap(o.caps)});
   specs.push_back({Kind::ours_zero_adam_overlap, hook_cap(o.caps)});
   specs.push_back({Kind::fsdp_adam});
-  return specs;
+  std::vector<VariantSpec> chosen;
+  for (const auto& spec : specs) {
+    if (selected(o, spec.kind_name())) chosen.push_back(spec);
+  }
+  return chosen;
 }
 
 // The worlds a memory variant runs at: ZeRO's shard shrinks with the world size, so the Adam
@@ -536,7 +546,7 @@ int run_parent(const Options& o, char** argv) {
     }
   }
   for (int world : o.worlds) {
-    if (world < 2) continue;
+    if (world < 2 || !o.only.empty()) continue;
     std::cerr << "allreduce: shared memory vs gloo at world " << world << "\n";
     if (!spawn_world(world, "allreduce", 0, o, argv)) {
       std::cerr << "ddp_bench: the allreduce job failed\n";

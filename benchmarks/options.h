@@ -1,4 +1,5 @@
 #pragma once
+#include <algorithm>
 // What one ddp_bench run measures, and where its files go; shared by the ranks and the report.
 #include <string>
 #include <vector>
@@ -23,9 +24,16 @@ struct Options {
   bool hooks = true;     // ours+fp16/bf16/powersgd1/powersgd4 and reducer+fp16 at 25 MiB
   bool features = true;  // ours_join, ours_detail, ours_auto, ours_syncbn: what Join, DETAIL, autotuning, SyncBatchNorm cost
   bool quick = false;
+  // --only: the variants to run (kind names: fsdp_adam, ours+adam, local, ...); empty: all. With a
+  // list, the allreduce section is skipped too (a memory measurement of a big model, for one).
+  std::vector<std::string> only;
   int timeout_s = 900;   // per job (one world of ranks)
   std::string out = "ddp_bench_out";
 };
+
+inline bool selected(const Options& o, const std::string& kind_name) {
+  return o.only.empty() || std::find(o.only.begin(), o.only.end(), kind_name) != o.only.end();
+}
 
 inline std::string timing_file(const ModelConfig& config, int world) {
   return "raw_" + config.label() + "_w" + std::to_string(world) + ".json";

@@ -256,9 +256,7 @@ int run(const Options& options) {
   net->to(device);
   if (options.fsdp) {
     // Each block's parameters, gradients and Adam's state sharded over the ranks; the root the rest.
-    ddp::fully_shard(net->conv2);
-    ddp::fully_shard(net->fc1);
-    auto model = ddp::fully_shard(net);
+    auto model = ddp::fully_shard(net, {}, net->conv2, net->fc1);
     auto optimizer = std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(options.lr));
     return train_and_test(options, model, *net, *optimizer, train, test, device, "Adam (fully sharded: ddp::fully_shard)");
   }

@@ -218,4 +218,14 @@ auto fully_shard(M& module, const FSDPOptions& options = {}) {
   return FSDPModule<Impl>(std::move(owner), std::move(unit));
 }
 
+// The blocks given after the options sharded first, each a unit of its own, then `module`: one
+// line for a model whose blocks are separate members.
+//   auto model = ddp::fully_shard(net, {}, net->conv2, net->fc1);
+template <typename M, typename Block, typename... Blocks>
+auto fully_shard(M& module, const FSDPOptions& options, Block& block, Blocks&... blocks) {
+  fully_shard(block, options);
+  (fully_shard(blocks, options), ...);
+  return fully_shard(module, options);
+}
+
 }  // namespace ddp

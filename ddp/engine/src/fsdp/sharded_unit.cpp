@@ -286,6 +286,7 @@ void ShardedUnit::reduce_gradients() {
   if (requires_sync_ && layout_.flat_numel() > 0) {
     tree_->reduction_started(shared_from_this());  // the previous one's buffers freed first
     shard_grads_back();  // the full gradients now wait: they are read from there
+    reshard();           // the full parameters are not needed to reduce: freed before any buffer
     const auto reduce_dtype = options_.mixed_precision().reduce_dtype().value_or(flat_shard_.scalar_type());
     const auto reduce_options = flat_shard_.options().dtype(reduce_dtype);
     UnitSpan span(Timeline::kBucketFill, "fsdp reduce-scatter launched", label_);
