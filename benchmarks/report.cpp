@@ -192,6 +192,7 @@ void print_summary(const json& raw, const json& rows, const Options& o) {
   for (double cap : o.caps) {
     const json* reducer = find_row(rows, "reducer", cap);
     const json* ours = find_row(rows, "ours", cap);
+    if (!reducer || !ours) continue;  // left out by --only
     const std::string buckets = std::to_string((*reducer)["collectives"].get<int64_t>()) + "/" +
                                 std::to_string((*ours)["collectives"].get<int64_t>());
     const std::string overlaps = fixed(get(ours, "overlap_efficiency"), 2) + " / " +
@@ -203,6 +204,7 @@ void print_summary(const json& raw, const json& rows, const Options& o) {
   }
   for (double cap : o.view_caps) {
     const json* view = find_row(rows, "ours_view", cap);
+    if (!view) continue;
     std::printf("  ours_view @%s MiB (gradient_as_bucket_view): %.2f ms, ours_view/reducer %s, ours_view/local %s\n",
                 cap_label(cap).c_str(), get(view, "median_ms"), fixed(get(view, "ratio_vs_reducer")).c_str(),
                 fixed(get(view, "ratio_vs_local")).c_str());
