@@ -27,6 +27,6 @@ export TSAN_OPTIONS="suppressions=$PWD/tests/sanitize/tsan.supp halt_on_error=1 
 export ASAN_OPTIONS="detect_leaks=0 ${ASAN_OPTIONS:-}"  # LibTorch's singletons live until exit
 export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1 ${UBSAN_OPTIONS:-}"
 export OMP_NUM_THREADS=1  # LibTorch's OpenMP runtime is not instrumented
-echo "== $kind sanitizer: DDP, DistributedOptimizer, hooks, Join, SyncBatchNorm and checkpoint tests against LibTorch $(cat $build/libtorch_version.txt)"
+echo "== $kind sanitizer: DDP, DistributedOptimizer, fully_shard, hooks, Join, SyncBatchNorm and checkpoint tests against LibTorch $(cat $build/libtorch_version.txt)"
 cd $build && ctest --output-on-failure -j "${DDP_TEST_JOBS:-2}" --timeout 900 \
-  -R '^(DDP|DDPErrors|DDPContract|GradientEquivalence|CommHooks|CommHooksErrors|PowerSGD|Join|IterationRecorder|Desync|SyncBatchNorm|ConvertSyncBatchNorm|SaveLoad|Resume|CheckpointState|SaveCompleteOnReturn|OptimizerPlacement|DistributedOptimizer)[./]' "$@"
+  -R '^(DDP|DDPErrors|DDPContract|GradientEquivalence|CommHooks|CommHooksErrors|PowerSGD|Join|IterationRecorder|Desync|SyncBatchNorm|ConvertSyncBatchNorm|SaveLoad|Resume|CheckpointState|SaveCompleteOnReturn|OptimizerPlacement|DistributedOptimizer|FullyShard|ShardLayout)[./]' "$@"

@@ -161,6 +161,8 @@ DDP_WORKER(optimizer_refusals) {
     } catch (const std::runtime_error& error) {
       require_mentions(error.what(), "without gradients for 2 parameter(s): group 0 parameter 2, group 0 parameter 3",
                        "the unused parameters");
+      require(std::string(error.what()).rfind("DistributedOptimizer: ", 0) == 0,
+              "the message does not begin with the API the program called: " + std::string(error.what()));
       require_mentions(error.what(), "DistributedOptimizer averages every parameter it was given", "the advice");
     }
   }

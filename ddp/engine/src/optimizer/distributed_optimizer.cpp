@@ -77,6 +77,7 @@ GradientAverager::GradientAverager(const std::vector<torch::optim::OptimizerPara
   reducer_options.bucket_cap_auto = false;
   reducer_options.trigger = PassTrigger::kFirstGradient;
   reducer_options.passes_per_step = options.backward_passes_per_step();
+  reducer_options.owner = "DistributedOptimizer";
   impl_->reducer = Reducer::create(std::move(params), std::move(names), std::move(group), reducer_options);
   impl_->options = std::move(options);
 }

@@ -51,7 +51,6 @@ constexpr const char* kLoopCollectiveHint =
     "a peer rank may have died or hung past the timeout, or the ranks ran different numbers of "
     "iterations (uneven inputs: see ddp::Join)";
 
-[[noreturn]] void fail(const std::string& message) { raise<std::runtime_error>("DistributedDataParallel", message); }
 
 std::string list_names(const std::vector<std::string>& names, const std::vector<size_t>& which) {
   return join_limited(which, 10, ", ", [&](size_t i) { return names[i]; });
@@ -196,7 +195,7 @@ void Reducer::allocate_bucket_storage(std::vector<Bucket>& buckets, Builders bui
     try {
       shared = owner_->shared_zeros(shareable);
     } catch (const std::exception& error) {  // a peer died or hung in the agreement
-      throw_collective_error("DistributedDataParallel: putting the gradient buckets in shared memory", kLoopCollectiveHint,
+      throw_collective_error(options_.owner + ": putting the gradient buckets in shared memory", kLoopCollectiveHint,
                              error);
     }
   }
@@ -274,8 +273,7 @@ void Reducer::rebuild_buckets_in_observed_order() {
   at::Tensor order = at::tensor(local, at::kLong).to(collective_device(group_));
   check_collective(CollectiveOp::kBucketOrder, -1, order, 0);
   std::vector<at::Tensor> tensors{order};
-  wait_collective(group_->broadcast(tensors), "DistributedDataParallel: broadcast of rank 0's gradient order "
-                                              "(the one bucket rebuild)",
+  wait_collective(group_->broadcast(tensors), options_.owner + ": broadcast of rank 0's gradient order (the one bucket rebuild)",
                   kLoopCollectiveHint);
   order = order.cpu();
   const int64_t* broadcast_order = order.data_ptr<int64_t>();
@@ -298,7 +296,7 @@ void Reducer::check_collective(CollectiveOp op, int64_t index, const at::Tensor&
   verify_same_collective(group_,
                          {op, index, tensor.scalar_type(), tensor.numel(), root,
                           iterations_reduced_},
-                         "DistributedDataParallel (TORCH_DISTRIBUTED_DEBUG=DETAIL)");
+                         (options_.owner + " (TORCH_DISTRIBUTED_DEBUG=DETAIL)").c_str());
 }
 
 void Reducer::set_divisor(int divisor) {
@@ -371,7 +369,7 @@ void Reducer::autotune_step() {
       at::Tensor times = at::tensor(autotuner_->median_times(), at::kLong).to(collective_device(group_));
       check_collective(CollectiveOp::kAllReduce, -1, times);
       wait_collective(start_allreduce_max(group_, times),
-                      "DistributedDataParallel: bucket_cap_mb_auto's agreement on the step times", kLoopCollectiveHint);
+                      options_.owner + ": bucket_cap_mb_auto's agreement on the step times", kLoopCollectiveHint);
       times = times.cpu();
       autotuner_->choose(std::vector<int64_t>(times.data_ptr<int64_t>(), times.data_ptr<int64_t>() + times.numel()));
       options_.bucket_bytes = autotuner_->chosen_cap();
@@ -653,7 +651,7 @@ void Reducer::finalize_pass() {
     for (size_t p = 0; p < params_.size(); ++p) {
       if (!ready_[p]) missing.push_back(p);
     }
-    error_ = "DistributedDataParallel: the previous backward finished without gradients for " +
+    error_ = options_.owner + ": the previous backward finished without gradients for " +
              std::to_string(missing.size()) + " parameter(s): " + list_names(names_, missing) +
              ". Their buckets were never reduced, so gradients are not synchronized across ranks. " +
              (options_.trigger == PassTrigger::kForward
@@ -697,7 +695,7 @@ c10::intrusive_ptr<c10d::Work> Reducer::launch_usage_exchange() {
 
 void Reducer::read_usage_exchange(const c10::intrusive_ptr<c10d::Work>& work) {
   wait_collective(
-      work, [] { return "DistributedDataParallel: the exchange of which parameters got gradients"; },
+      work, [this] { return options_.owner + ": the exchange of which parameters got gradients"; },
       kLoopCollectiveHint);
   if (!used_device_.is_same(used_host_)) used_host_.copy_(used_device_);
   const int32_t* used = used_host_.data_ptr<int32_t>();
@@ -729,8 +727,10 @@ void Reducer::wait_for_buckets() {
   for (size_t b = 0; b < buckets_.size(); ++b) wait_for_bucket(b);
 }
 
+void Reducer::fail(const std::string& message) const { raise<std::runtime_error>(options_.owner.c_str(), message); }
+
 std::string Reducer::describe_bucket(size_t b) const {
-  return "DistributedDataParallel: allreduce of gradient bucket " + std::to_string(b) + " of " +
+  return options_.owner + ": allreduce of gradient bucket " + std::to_string(b) + " of " +
          std::to_string(buckets_.size());
 }
 

@@ -60,6 +60,9 @@ struct ReducerOptions {
   bool bucket_cap_auto;
   PassTrigger trigger = PassTrigger::kForward;
   int passes_per_step = 1;  // kFirstGradient: backward passes between two optimizer steps
+  // The API the user called, which begins every error message: "DistributedDataParallel" or
+  // "ddp::DistributedOptimizer".
+  std::string owner = "DistributedDataParallel";
 };
 
 struct ReducerStats {
@@ -140,7 +143,8 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void finalize_pass();
   void wait_for_buckets();
   void wait_for_bucket(size_t bucket);
-  std::string describe_bucket(size_t bucket) const;  // "DistributedDataParallel: allreduce of gradient bucket b of n"
+  std::string describe_bucket(size_t bucket) const;  // "<owner>: allreduce of gradient bucket b of n"
+  [[noreturn]] void fail(const std::string& message) const;  // std::runtime_error "<owner>: <message>"
   c10::intrusive_ptr<c10d::Work> start_bucket_reduction(size_t bucket);
   c10::intrusive_ptr<c10d::Work> launch_usage_exchange();
   void read_usage_exchange(const c10::intrusive_ptr<c10d::Work>& work);
