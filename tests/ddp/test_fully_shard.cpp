@@ -273,6 +273,68 @@ TEST(FullyShard, ACheckpointSavedAtTwoRanksResumesAtThree) {
   remove_tree(options.shared_dir);
 }
 
+// A block with a frozen layer (requires_grad false) and a layer its forward never uses.
+struct MixedBlockImpl : torch::nn::Module {
+  MixedBlockImpl() {
+    frozen = register_module("frozen", torch::nn::Linear(6, 6));
+    trained = register_module("trained", torch::nn::Linear(6, 6));
+    unused = register_module("unused", torch::nn::Linear(6, 6));
+    for (auto& param : frozen->parameters()) param.set_requires_grad(false);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return trained(torch::tanh(frozen(x))); }
+  torch::nn::Linear frozen{nullptr}, trained{nullptr}, unused{nullptr};
+};
+TORCH_MODULE(MixedBlock);
+
+struct MixedNetImpl : torch::nn::Module {
+  MixedNetImpl() {
+    first = register_module("first", MixedBlock());
+    second = register_module("second", MixedBlock());
+    head = register_module("head", torch::nn::Linear(6, 5));
+  }
+  torch::Tensor forward(const torch::Tensor& x) {
+    return head(ddp::sharded_forward(second, ddp::sharded_forward(first, x)));
+  }
+  MixedBlock first{nullptr}, second{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(MixedNet);
+
+// Frozen parameters stay as they were, parameters no forward uses get no update (their gradient
+// is zero, as a rank without one contributes nothing), and an evaluation forward under no_grad
+// between steps changes nothing: all as one process on the whole batch.
+DDP_WORKER(fsdp_frozen_unused_and_eval) {
+  worker_init();
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  torch::manual_seed(3);
+  MixedNet net, reference;
+  copy_parameters(*net, *reference);
+  auto model = ddp::fully_shard(net, {}, net->first, net->second);
+  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  torch::optim::SGD reference_optimizer(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 6; ++step) {
+    auto [x, y] = batch(step, 6, 12);
+    y = y.narrow(1, 0, 5);
+    optimizer.zero_grad();
+    reference_optimizer.zero_grad();
+    torch::mse_loss(model.forward(shard(x, rank, world)), shard(y, rank, world)).backward();
+    torch::mse_loss(reference->forward(x), y).backward();
+    optimizer.step();
+    reference_optimizer.step();
+    torch::NoGradGuard no_grad;  // an evaluation between steps
+    model.eval();
+    const auto evaluated = model.forward(x);
+    model.train();
+    require(torch::allclose(evaluated, reference->forward(x), 1e-5, 1e-6), "the evaluation forward differs");
+  }
+  const double worst = max_difference(model.full_state_dict(), *reference);
+  require(worst <= 1e-5, "frozen and unused parameters: differs from one process by " + std::to_string(worst));
+}
+TEST(FullyShard, FrozenAndUnusedParametersAndEvaluationForwardsTrainAsOneProcess) {
+  EXPECT_WORKERS_OK(run_workers("fsdp_frozen_unused_and_eval", 2));
+  EXPECT_WORKERS_OK(run_workers("fsdp_frozen_unused_and_eval", 3));
+}
+
 struct IntParamImpl : torch::nn::Module {
   IntParamImpl() {
     fc = register_module("fc", torch::nn::Linear(3, 3));
