@@ -19,17 +19,21 @@
 // (sharded_forward) and the fully_shard calls are all; the block classes are untouched.
 //
 // One unit (one fully_shard call) goes through, per iteration:
-//   1. forward: its shards all-gathered into full parameters (one collective), the block runs,
-//      then the full parameters are freed (reshard_after_forward; the root keeps them, as in
+//   1. forward: its shards all-gathered into full parameters (one collective per large parameter,
+//      one for the small ones together; the next block's launched first, a prefetch), the block
+//      runs, then the full parameters are freed (reshard_after_forward; the root keeps them, as in
 //      PyTorch, since backward needs them first);
-//   2. backward: when the gradient reaches the block's outputs, gathered again; when every
-//      parameter's gradient has been accumulated, the full gradients are reduce-scattered (one
-//      collective) and averaged into the shards' .grad, and the full parameters freed;
+//   2. backward: when the gradient reaches the block's outputs, gathered again (and the previous
+//      block's gather launched); when every parameter's gradient has been accumulated, the full
+//      parameters are freed and the full gradients reduce-scattered, launched while backward goes
+//      on and averaged into the shards' .grad when the next block's reduction starts;
 //   3. at the end of backward, any unit whose parameters got no gradient is reduced too (zeros),
-//      so every rank runs the same collectives.
+//      so every rank runs the same collectives, and the last reduction completes.
 // The parameters the module registers stay the same tensors throughout (their data is swapped
 // between the shard and the full value), so an optimizer built before or after fully_shard works
-// and module->parameters() are the shards, except between unshard() and reshard().
+// and module->parameters() are the shards, except between unshard() and reshard(). .grad is the
+// shard's gradient whenever the program has control (zero_grad() between forward and backward
+// clears it, as it should).
 //
 // Semantics as PyTorch's FSDP2: the average over the ranks (W * replicas) of each rank's gradient,
 // i.e. DDP's result; gradients accumulate in the shards' .grad across backward passes until

@@ -12,7 +12,7 @@ std::vector<int64_t> ShardSlot::local_shape() const {
   return local;
 }
 
-ShardLayout::ShardLayout(const std::vector<std::vector<int64_t>>& shapes, int world, int rank)
+ShardLayout::ShardLayout(const std::vector<std::vector<int64_t>>& shapes, int world, int rank, int64_t packed_below)
     : world_(world), rank_(rank) {
   for (const auto& shape : shapes) {
     ShardSlot slot;
@@ -22,10 +22,23 @@ ShardLayout::ShardLayout(const std::vector<std::vector<int64_t>>& shapes, int wo
     for (size_t d = 1; d < shape.size(); ++d) slot.row_numel *= shape[d];
     slot.chunk_rows = (slot.rows + world - 1) / world;
     slot.local_rows = std::clamp<int64_t>(slot.rows - rank * slot.chunk_rows, 0, slot.chunk_rows);
-    slot.offset = flat_numel_;
-    flat_numel_ += slot.padded_numel();
+    slot.packed = slot.rows * slot.row_numel < packed_below;
+    if (slot.packed) packed_numel_ += slot.padded_numel();
     slots_.push_back(std::move(slot));
   }
+  // The packed ones first, then the others, each group in parameter order.
+  for (const bool packed : {true, false}) {
+    for (auto& slot : slots_) {
+      if (slot.packed != packed) continue;
+      slot.offset = flat_numel_;
+      flat_numel_ += slot.padded_numel();
+    }
+  }
+}
+
+at::Tensor ShardLayout::packed_chunks(const at::Tensor& packed_all, size_t i) const {
+  const ShardSlot& slot = slots_[i];
+  return packed_all.view({world_, packed_numel_}).narrow(1, slot.offset, slot.padded_numel());
 }
 
 void ShardLayout::copy_local_rows(const at::Tensor& full, size_t i, at::Tensor& flat) const {

@@ -45,4 +45,31 @@ TEST(ShardLayout, ChunksSideBySideGiveEveryParameterBack) {
   }
 }
 
+// Parameters under the threshold come first in the flat shard, and packed_chunks finds each one's
+// W chunks among every rank's packed prefix.
+TEST(ShardLayout, SmallParametersArePackedFirst) {
+  torch::manual_seed(4);
+  const int world = 3;
+  std::vector<torch::Tensor> fulls;
+  for (const auto& shape : kShapes) fulls.push_back(torch::randn(shape));
+  std::vector<torch::Tensor> prefixes;
+  for (int rank = 0; rank < world; ++rank) {
+    ddp::detail::ShardLayout layout(kShapes, world, rank, /*packed_below=*/20);
+    torch::Tensor flat = torch::zeros({layout.flat_numel()});
+    for (size_t i = 0; i < fulls.size(); ++i) layout.copy_local_rows(fulls[i], i, flat);
+    for (const auto& slot : layout.slots()) {
+      EXPECT_EQ(slot.packed, slot.rows * slot.row_numel < 20);
+      EXPECT_EQ(slot.packed, slot.offset < layout.packed_numel());
+    }
+    prefixes.push_back(flat.narrow(0, 0, layout.packed_numel()));
+  }
+  ddp::detail::ShardLayout layout(kShapes, world, 0, 20);
+  const torch::Tensor packed_all = torch::cat(prefixes);
+  for (size_t i = 0; i < fulls.size(); ++i) {
+    if (!layout.slots()[i].packed) continue;
+    const torch::Tensor side_by_side = layout.packed_chunks(packed_all, i).reshape(-1);
+    EXPECT_TRUE(torch::equal(side_by_side.narrow(0, 0, fulls[i].numel()).view(fulls[i].sizes()), fulls[i])) << i;
+  }
+}
+
 }  // namespace

@@ -61,6 +61,9 @@ class UnitSpan {
   int64_t start_ns_;
 };
 
+// Parameters smaller than this many elements travel packed, in one collective per unit.
+constexpr int64_t kPackedBelow = int64_t{1} << 16;
+
 void swap_grad(at::Tensor& param, at::Tensor& waiting) {
   at::Tensor current = param.grad();
   param.mutable_grad() = std::move(waiting);
@@ -94,7 +97,7 @@ ShardedUnit::ShardedUnit(const std::shared_ptr<torch::nn::Module>& module, std::
   // each parameter padded to W chunks, so that its all-gather lands straight in place.
   std::vector<std::vector<int64_t>> shapes;
   for (const auto& param : params_) shapes.push_back(param.sizes().vec());
-  layout_ = ShardLayout(shapes, groups_.shard->getSize(), groups_.shard->getRank());
+  layout_ = ShardLayout(shapes, groups_.shard->getSize(), groups_.shard->getRank(), kPackedBelow);
   const auto options_of_params = params_.empty() ? at::TensorOptions() : params_[0].options();
   flat_shard_ = at::empty({layout_.flat_numel()}, options_of_params);
   full_ = at::empty({layout_.flat_numel() * layout_.world()}, options_of_params.dtype(compute_dtype()));
@@ -145,17 +148,24 @@ void ShardedUnit::free_full() {
   full_allocated_ = false;
 }
 
-// One all-gather per parameter, of its chunk into its place in the full storage (in the compute
-// dtype: half the bytes in bf16); launched now, waited for by unshard().
+// One all-gather per parameter, of its chunk into its place in the full storage, and one for the
+// packed small ones together (in the compute dtype: half the bytes in bf16); launched now, waited
+// for by unshard().
 void ShardedUnit::start_gather() {
   if (state_ != State::kSharded || gather_ || layout_.flat_numel() == 0) return;
   allocate_full();
   InFlight gather;
   at::Tensor send = flat_shard_.to(compute_dtype());  // alive until waited for
   verify_if_detail(groups_.shard, fingerprint(CollectiveOp::kAllGatherIntoTensor, send), "ddp::fully_shard");
+  if (layout_.packed_numel() > 0) {
+    at::Tensor input = as_wire(send.narrow(0, 0, layout_.packed_numel()));
+    gather.outputs.push_back(at::empty({layout_.packed_numel() * layout_.world()}, send.options()));
+    at::Tensor output = as_wire(gather.outputs.back());
+    gather.works.push_back(groups_.shard->_allgather_base(output, input));
+  }
   for (size_t i = 0; i < params_.size(); ++i) {
     const ShardSlot& slot = layout_.slots()[i];
-    if (slot.padded_numel() == 0) continue;
+    if (slot.packed || slot.padded_numel() == 0) continue;
     at::Tensor input = as_wire(send.narrow(0, slot.offset, slot.padded_numel()));
     at::Tensor output = as_wire(full_region(i));
     gather.works.push_back(groups_.shard->_allgather_base(output, input));
@@ -170,6 +180,13 @@ void ShardedUnit::wait_gather() {
   InFlight gather = std::move(*gather_);
   gather_.reset();
   for (const auto& work : gather.works) wait_collective(work, "ddp::fully_shard: the all-gather of a block's parameters");
+  if (layout_.packed_numel() == 0) return;
+  // The packed ones from their ranks' prefixes into their places.
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const ShardSlot& slot = layout_.slots()[i];
+    if (!slot.packed) continue;
+    full_region(i).view({layout_.world(), slot.padded_numel()}).copy_(layout_.packed_chunks(gather.outputs.front(), i));
+  }
 }
 
 void ShardedUnit::unshard() {
@@ -294,23 +311,39 @@ void ShardedUnit::reduce_gradients() {
     verify_if_detail(groups_.shard,
                      fingerprint(CollectiveOp::kReduceScatter, flat_shard_, -1, static_cast<int64_t>(c10d::ReduceOp::SUM)),
                      "ddp::fully_shard");
+    const int world = layout_.world();
+    at::Tensor packed_input, packed_output;
+    if (layout_.packed_numel() > 0) {
+      packed_input = at::zeros({layout_.packed_numel() * world}, reduce_options);
+      packed_output = at::empty({layout_.packed_numel()}, reduce_options);
+    }
     for (size_t i = 0; i < params_.size(); ++i) {
       if (!params_[i].requires_grad()) continue;
       const ShardSlot& slot = layout_.slots()[i];
       at::Tensor full = std::exchange(waiting_grads_[i], at::Tensor());
-      at::Tensor input;
-      if (full.defined() && full.scalar_type() == reduce_dtype && full.is_contiguous() &&
-          slot.rows == slot.chunk_rows * layout_.world()) {
+      if (full.defined()) full = full.to(reduce_dtype).contiguous();
+      at::Tensor input;  // the W chunks side by side, padded
+      if (full.defined() && slot.rows == slot.chunk_rows * world) {
         input = full.view(-1);
       } else {
-        input = at::zeros({slot.padded_numel() * layout_.world()}, reduce_options);
-        if (full.defined()) input.narrow(0, 0, full.numel()).copy_(full.reshape(-1));
+        input = at::zeros({slot.padded_numel() * world}, reduce_options);
+        if (full.defined()) input.narrow(0, 0, full.numel()).copy_(full.view(-1));
+      }
+      if (slot.packed) {
+        layout_.packed_chunks(packed_input, i).copy_(input.view({world, slot.padded_numel()}));
+        reduction.views.emplace_back(i, packed_output.narrow(0, slot.offset, slot.padded_numel()));
+        continue;
       }
       at::Tensor output = at::empty({slot.padded_numel()}, reduce_options);
       reduction.works.push_back(groups_.shard->_reduce_scatter_base(output, input));
+      reduction.views.emplace_back(i, output);
       reduction.inputs.push_back(std::move(input));
       reduction.outputs.push_back(std::move(output));
-      reduction.params.push_back(i);
+    }
+    if (packed_input.defined()) {
+      reduction.works.push_back(groups_.shard->_reduce_scatter_base(packed_output, packed_input));
+      reduction.inputs.push_back(std::move(packed_input));
+      reduction.outputs.push_back(std::move(packed_output));
     }
     for (const auto& tensor : reduction.inputs) reduction.bytes += tensor.nbytes();
     for (const auto& tensor : reduction.outputs) reduction.bytes += tensor.nbytes();
@@ -340,17 +373,15 @@ void ShardedUnit::complete_reduction() {
   for (const auto& work : reduction.works) {
     wait_collective(work, "ddp::fully_shard: the reduce-scatter of a block's gradients");
   }
-  const int divisor = groups_.data_parallel_size();
-  for (size_t k = 0; k < reduction.params.size(); ++k) {
-    const size_t i = reduction.params[k];
-    const ShardSlot& slot = layout_.slots()[i];
-    at::Tensor& output = reduction.outputs[k];
+  // The sum over every rank (across the replicas too, for HSDP), averaged.
+  for (auto& output : reduction.outputs) {
     if (groups_.replicate) all_reduce(output, c10d::ReduceOp::SUM, groups_.replicate);
-    output.div_(divisor);  // the sum over every rank, averaged
+    output.div_(groups_.data_parallel_size());
+  }
+  for (const auto& [i, output] : reduction.views) {
     // This rank's rows as a tensor of its own (not a view: optimizers detach_() gradients in place).
     at::Tensor shard_grad = at::empty({0}, output.options());
-    shard_grad.set_(output.storage(), output.storage_offset(), slot.local_shape(), {});
-    shard_grad = shard_grad.contiguous();
+    shard_grad.set_(output.storage(), output.storage_offset(), layout_.slots()[i].local_shape(), {});
     if (shard_grad.scalar_type() != flat_shard_.scalar_type()) shard_grad = shard_grad.to(flat_shard_.scalar_type());
     at::Tensor& slot_grad = shard_grad_slot(i);  // accumulated until zero_grad, as .grad always is
     if (slot_grad.defined()) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -111,12 +112,13 @@ class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
                      // freed while sharded)
   std::vector<at::Tensor> full_views_;
   bool full_allocated_ = false;
-  // Launched collectives, one per parameter, and their buffers (alive until waited for).
+  // Launched collectives (one per parameter, one for the packed ones) and their buffers, alive
+  // until waited for.
   struct InFlight {
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
     std::vector<at::Tensor> inputs, outputs;
-    std::vector<size_t> params;  // a reduction's parameter per output
-    int64_t bytes = 0;           // a reduction's buffers, counted as unsharded while alive
+    std::vector<std::pair<size_t, at::Tensor>> views;  // a reduction's parameter: its chunk of an output
+    int64_t bytes = 0;                                  // a reduction's buffers, counted while alive
   };
   c10::optional<InFlight> gather_;
   c10::optional<InFlight> reduction_;
