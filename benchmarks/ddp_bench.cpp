@@ -435,7 +435,22 @@ void collectives_job(const Options& o, const Groups& groups) {
                                     {"gloo_ms", g}, {"ratio", a / g}});
     }
   }
-  std::ofstream(fs::path(o.out) / ("collectives_w" + std::to_string(world) + ".json")) << out.dump(1) << "\n";
+  const std::string stem = (fs::path(o.out) / ("collectives_w" + std::to_string(world))).string();
+  std::ofstream(stem + ".json") << out.dump(1) << "\n";
+  {
+    // A block per collective (plot_collectives.gp): its name, then bytes, default ms, gloo ms.
+    std::ofstream dat(stem + ".dat");
+    for (size_t c = 0; c < collectives.size(); ++c) {
+      dat << (c ? "\n\n" : "") << collectives[c].first << " default gloo\n";
+      for (size_t b = 0; b < bytes.size(); ++b) {
+        dat << bytes[b] << " " << median(times[c][b][0]) << " " << median(times[c][b][1]) << "\n";
+      }
+    }
+  }
+  const std::string title = "world " + std::to_string(world) + ", " + ddp::transport(groups.ours);
+  if (!plot("plot_collectives.gp", stem + ".dat", stem + ".png", title)) {
+    std::cerr << "gnuplot failed for " << stem << ".dat\n";
+  }
 }
 
 int run_rank(const Options& o) {
