@@ -61,6 +61,15 @@ class UnitSpan {
   int64_t start_ns_;
 };
 
+// visit(at::Tensor&) on each tensor of `optimizer`'s state for `param` (none without either).
+template <typename Visit>
+void for_each_state_of(torch::optim::Optimizer* optimizer, const at::Tensor& param, Visit&& visit) {
+  if (optimizer == nullptr) return;
+  auto& states = optimizer->state();
+  auto found = states.find(compat::optimizer_state_key(states, param));
+  if (found != states.end()) for_each_state_tensor(*found->second, visit);
+}
+
 // Parameters smaller than this many elements travel packed, in one collective per unit.
 constexpr int64_t kPackedBelow = int64_t{1} << 16;
 
@@ -437,11 +446,7 @@ void ShardedUnit::gather_whole(torch::optim::Optimizer* optimizer) {
   torch::NoGradGuard no_grad;
   shard_state_.clear();
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (optimizer == nullptr) continue;
-    auto& states = optimizer->state();
-    auto found = states.find(compat::optimizer_state_key(states, params_[i]));
-    if (found == states.end()) continue;
-    for_each_state_tensor(*found->second, [&](at::Tensor& tensor) {
+    for_each_state_of(optimizer, params_[i], [&](at::Tensor& tensor) {
       if (!tensor.defined() || tensor.sizes() != shard_views_[i].sizes()) return;
       shard_state_.push_back(tensor);
       tensor = gather_rows(tensor, i);
@@ -458,11 +463,7 @@ void ShardedUnit::shard_again(torch::optim::Optimizer* optimizer, bool take_whol
   torch::NoGradGuard no_grad;
   size_t next_saved = 0;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (optimizer == nullptr) continue;
-    auto& states = optimizer->state();
-    auto found = states.find(compat::optimizer_state_key(states, params_[i]));
-    if (found == states.end()) continue;
-    for_each_state_tensor(*found->second, [&](at::Tensor& tensor) {
+    for_each_state_of(optimizer, params_[i], [&](at::Tensor& tensor) {
       if (!tensor.defined() || tensor.sizes() != params_[i].sizes()) return;
       if (take_whole) {
         tensor = local_rows_of(tensor.to(params_[i].device()), i);
