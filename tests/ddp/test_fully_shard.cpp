@@ -395,6 +395,12 @@ DDP_WORKER(fsdp_refusals) {
     require_throws([&] { ddp::fully_shard(with_int); }, "'steps' has dtype Long", "an integer parameter");
   }
   {
+    auto mixed = std::make_shared<ShardBlockImpl>(4);
+    mixed->b->to(torch::kDouble);
+    require_throws([&] { ddp::fully_shard(mixed); }, "one fully_shard call shards parameters of one dtype",
+                   "parameters of two dtypes in one call");
+  }
+  {
     ShardNet net;
     ddp::DistributedDataParallel wrapped(net.ptr());
     require_throws([&] { ddp::fully_shard(net); }, "driven by DistributedDataParallel", "fully_shard after DDP");
