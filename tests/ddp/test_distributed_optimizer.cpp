@@ -180,6 +180,18 @@ DDP_WORKER(optimizer_refusals) {
   } catch (const std::invalid_argument& error) {
     require_mentions(error.what(), "backward_passes_per_step is 0", "the bad option");
   }
+  require_throws(
+      [&] {
+        ddp::DistributedOptimizer<torch::optim::SGD> optimizer(
+            ddp::DistributedOptimizerOptions().bucket_cap_mb(std::nan("")), linear->parameters(),
+            torch::optim::SGDOptions(0.1));
+      },
+      "DistributedOptimizer: bucket_cap_mb must be a finite number in [0, 1e+12] (MiB), got nan", "a NaN bucket cap");
+  torch::nn::Linear frozen(2, 2);
+  for (auto& param : frozen->parameters()) param.set_requires_grad(false);
+  require_throws(
+      [&] { ddp::DistributedOptimizer<torch::optim::SGD> optimizer(frozen->parameters(), torch::optim::SGDOptions(0.1)); },
+      "DistributedOptimizer: the optimizer has no parameter that requires a gradient", "an optimizer of frozen parameters");
 }
 TEST(DistributedOptimizer, UnusedParametersAndMismatchedModelsAreNamed) {
   EXPECT_WORKERS_OK(run_workers("optimizer_refusals", 2));

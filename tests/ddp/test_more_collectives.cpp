@@ -224,6 +224,9 @@ DDP_WORKER(more_collectives_bad_input) {
                   "input must hold the group's size (2) times output's elements", "reduce_scatter sizes");
   require_throws([&] { ddp::all_gather_into_tensor(out, torch::ones({2})); },
                   "output must hold the group's size (2) times input's elements", "all_gather_into_tensor sizes");
+  auto six = torch::zeros({6});  // the right size, the wrong dtype: named with the dtypes
+  require_throws([&] { ddp::all_gather_into_tensor(six, torch::ones({3}, torch::kDouble)); },
+                 "it holds 6 Float for 3 Double", "all_gather_into_tensor dtypes");
   require_throws([&] { ddp::reduce(out, 2); }, "dst 2 is not a rank of the group, whose ranks are 0 to 1", "reduce's dst");
   auto four = torch::empty({4});
   require_throws([&] { ddp::all_to_all_single(four, torch::ones({3})); },

@@ -31,6 +31,11 @@ void require_contiguous(const at::Tensor& tensor, const char* who, const char* n
           std::string(name) + " must be a defined, contiguous tensor (call .contiguous() on it first)");
 }
 
+// "6 Float": a tensor's size as the size checks name it.
+std::string counted(const at::Tensor& tensor) {
+  return std::to_string(tensor.numel()) + " " + c10::toString(tensor.scalar_type());
+}
+
 void require_rank(int rank, const ProcessGroupPtr& pg, const char* who, const char* name) {
   require(rank >= 0 && rank < pg->getSize(), who,
           std::string(name) + " " + std::to_string(rank) + " is not a rank of the group, whose ranks are 0 to " +
@@ -68,7 +73,7 @@ void reduce_scatter_tensor(at::Tensor& output, const at::Tensor& input, c10d::Re
   require_contiguous(input, who, "input");
   require(input.numel() == output.numel() * pg->getSize() && input.scalar_type() == output.scalar_type(), who,
           "input must hold the group's size (" + std::to_string(pg->getSize()) + ") times output's elements, of its "
-          "dtype; it holds " + std::to_string(input.numel()) + " for " + std::to_string(output.numel()));
+          "dtype; it holds " + counted(input) + " for " + counted(output));
   detail::verify_if_detail(pg, detail::fingerprint(detail::CollectiveOp::kReduceScatter, input, -1, static_cast<int64_t>(op)), who);
   // The group's own (owned_group.h: shared memory on one host; over Gloo alone, what Gloo has).
   c10d::ReduceScatterOptions options;
@@ -84,7 +89,7 @@ void all_gather_into_tensor(at::Tensor& output, const at::Tensor& input, const P
   require_contiguous(input, who, "input");
   require(output.numel() == input.numel() * pg->getSize() && input.scalar_type() == output.scalar_type(), who,
           "output must hold the group's size (" + std::to_string(pg->getSize()) + ") times input's elements, of its "
-          "dtype; it holds " + std::to_string(output.numel()) + " for " + std::to_string(input.numel()));
+          "dtype; it holds " + counted(output) + " for " + counted(input));
   detail::verify_if_detail(pg, detail::fingerprint(detail::CollectiveOp::kAllGatherIntoTensor, input), who);
   // The group's own (owned_group.h: shared memory on one host; over Gloo alone, what Gloo has).
   at::Tensor in = input;
