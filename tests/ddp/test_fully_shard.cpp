@@ -411,7 +411,7 @@ DDP_WORKER(fsdp_refusals) {
   }
   {
     auto different = std::make_shared<ShardBlockImpl>(rank == 1 ? 5 : 4);
-    require_throws([&] { ddp::fully_shard(different); }, "rank(s) 1 of the group shard different parameters",
+    require_throws([&] { ddp::fully_shard(different); }, "ddp::fully_shard: the model differs across ranks",
                    "different models on the ranks");
   }
   {

@@ -1,8 +1,6 @@
 // fully_shard's entry points: which parameters one call takes (and the refusals), the registry
 // sharded_forward finds a block's unit in, and the tree a root adopts its blocks into.
-#include <functional>
 #include <mutex>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
@@ -14,6 +12,7 @@
 
 #include "error_text.h"
 #include "fsdp/sharded_unit.h"
+#include "reducer/state_sync.h"
 #include "engine_claims.h"
 
 namespace ddp::detail {
@@ -64,28 +63,6 @@ ShardGroups groups_of(const FSDPOptions& options) {
   }
   groups.shard = options.process_group() ? options.process_group() : default_group();
   return groups;
-}
-
-// Every rank must shard the same parameters (names, shapes, dtypes) in this call: a different
-// model on one rank would otherwise pair the wrong chunks silently.
-void require_same_on_every_rank(const std::vector<std::string>& names, const std::vector<at::Tensor>& params,
-                                const ProcessGroupPtr& group, const std::string& what) {
-  std::ostringstream text;
-  for (size_t i = 0; i < params.size(); ++i) {
-    text << names[i] << ':' << params[i].sizes() << ':' << params[i].scalar_type() << ';';
-  }
-  const auto digest = static_cast<int64_t>(std::hash<std::string>{}(text.str()) >> 1);
-  at::Tensor mine = at::tensor({digest, static_cast<int64_t>(params.size())}, at::kLong).to(collective_device(group));
-  const auto everyone = all_gather(mine, group);
-  std::string differing;
-  for (size_t r = 0; r < everyone.size(); ++r) {
-    if (!at::equal(everyone[r].cpu(), everyone[0].cpu())) differing += (differing.empty() ? "" : ", ") + std::to_string(r);
-  }
-  if (!differing.empty()) {
-    raise<std::invalid_argument>(kWho, "rank(s) " + differing + " of the group shard different parameters than rank 0 in " +
-                                           what + " (names, shapes or dtypes differ): every rank must build the same "
-                                           "model and call fully_shard on the same modules in the same order");
-  }
 }
 
 }  // namespace
@@ -147,11 +124,11 @@ std::shared_ptr<ShardedUnit> shard_module(const std::shared_ptr<torch::nn::Modul
     if (unit_module && inside.count(unit_module.get())) blocks.push_back(unit);
   }
 
-  // 2. The same on every rank, then the shards.
+  // 2. The same parameters (count, shapes, dtypes) on every rank, as DDP checks them: a different
+  // model on one rank would otherwise pair the wrong chunks silently. Then the shards.
   ShardGroups groups = groups_of(options);
-  const std::string what = "the fully_shard call on '" + module->name() + "'";
-  if (groups.replicate) require_same_on_every_rank(names, params, groups.replicate, what);
-  require_same_on_every_rank(names, params, groups.shard, what);
+  if (groups.replicate) verify_same_parameters(params, names, groups.replicate, kWho);
+  verify_same_parameters(params, names, groups.shard, kWho);
   auto unit = std::make_shared<ShardedUnit>(module, std::move(names), std::move(params), options, std::move(groups));
 
   // 3. This unit is the root of the blocks inside it: their backward ends with its.
