@@ -41,26 +41,6 @@ c10::intrusive_ptr<c10d::Work> OwnedGroup::allreduce_coalesced(std::vector<at::T
   return inner_->allreduce_coalesced(tensors, opts);
 }
 
-bool OwnedGroup::sums_in_place(const at::Tensor& like) const { return shm_ && shm_->serves_scaled_sum({like}); }
-
-c10::intrusive_ptr<c10d::Work> OwnedGroup::start_scaled_sum(std::vector<at::Tensor>& tensors, double scale) {
-  // The caller checked the kind of tensors once (sums_in_place) and each gradient as it arrived:
-  // checking every piece again per launch would walk the bucket twice.
-  TORCH_INTERNAL_ASSERT(shm_, "start_scaled_sum on a group without shared memory");
-  TORCH_INTERNAL_ASSERT_DEBUG_ONLY(shm_->serves_scaled_sum(tensors), "start_scaled_sum on tensors it does not serve");
-  return shm_->allreduce(tensors, c10d::ReduceOp::SUM, scale);
-}
-
-std::vector<at::Tensor> OwnedGroup::shared_zeros(const std::vector<std::pair<int64_t, at::TensorOptions>>& tensors) {
-  return shm_ ? shm_->shared_zeros(tensors) : std::vector<at::Tensor>{};
-}
-
-c10::intrusive_ptr<c10d::Work> OwnedGroup::start_shared_sum(at::Tensor& tensor, double scale) {
-  // shared_sum finds the tensor's array, and asserts that there is one.
-  TORCH_INTERNAL_ASSERT(shm_, "start_shared_sum on a group without shared memory");
-  return shm_->shared_sum(tensor, scale);
-}
-
 c10::intrusive_ptr<c10d::Work> OwnedGroup::broadcast(std::vector<at::Tensor>& tensors,
                                                      const c10d::BroadcastOptions& opts) {
   if (shm_ && shm_->serves(tensors) && opts.rootTensor == 0) return shm_->broadcast(tensors, static_cast<int>(opts.rootRank));

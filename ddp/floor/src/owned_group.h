@@ -64,19 +64,9 @@ class OwnedGroup final : public compat::CollectiveBackend {
   // The n-th group split off this one (0, 1, ...): every rank splits in the same order.
   int next_split() { return splits_.fetch_add(1); }
 
-  // DDP's bucket reduction where the gradients lie (no copy into a flat bucket and back): whether
-  // the shared-memory channel takes a list of tensors like `like` (dense CPU, floating), and then
-  // the collective - every tensor becomes its part of the sum over the ranks of the list taken as
-  // one array, times `scale`, in the same pass. Every rank passes lists of the same total length
-  // and the same scale (the desync check names a rank that does not).
-  bool sums_in_place(const at::Tensor& like) const;
-  c10::intrusive_ptr<c10d::Work> start_scaled_sum(std::vector<at::Tensor>& tensors, double scale);
-  // DDP's buckets in memory every rank of the group maps (shm/channel.h), so the sum runs where
-  // they are with the fewest passes over them. Collective: a zeroed tensor of each (numel,
-  // options), or none on every rank alike (no shared-memory channel, /dev/shm too small on a
-  // host). start_shared_sum: the scaled sum of one such tensor, in place.
-  std::vector<at::Tensor> shared_zeros(const std::vector<std::pair<int64_t, at::TensorOptions>>& tensors);
-  c10::intrusive_ptr<c10d::Work> start_shared_sum(at::Tensor& tensor, double scale);
+  // The shared-memory channel that serves this group's CPU collectives, or null. DDP's gradient
+  // buffers (gradient_buffers.h) reduce through it directly.
+  shm::Channel* shared_memory() const { return shm_.get(); }
 
   // --- c10d: the shared-memory channel where it serves, else the backend's group -------------
   const std::string getBackendName() const override { return inner_->getBackendName(); }

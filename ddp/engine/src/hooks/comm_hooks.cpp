@@ -9,7 +9,7 @@
 #include <ddp/wait_collective.h>
 #include "backends.h"
 #include "compat.h"
-#include "owned_group.h"
+#include "gradient_buffers.h"
 
 namespace ddp {
 
@@ -144,15 +144,9 @@ FuturePtr completed_future(at::Tensor tensor) {
 CommHook allreduce() {
   return CommHook(
       [](GradBucket& bucket) {
-        // The same arithmetic as DDP without a hook: on shared memory the sum times 1/world_size in
-        // the reduction's own pass; elsewhere each rank's part times the rounded 1/world_size, summed.
-        const double scale = 1.0 / bucket.world_size();
-        std::vector<at::Tensor> tensors{bucket.buffer()};
-        if (detail::OwnedGroup* owner = detail::owned(bucket.process_group()); owner && owner->sums_in_place(tensors[0])) {
-          return tensor_when_done(owner->start_scaled_sum(tensors, scale), tensors[0]);
-        }
-        tensors[0].mul_(scale);
-        return allreduce_future(bucket.process_group(), tensors[0]);
+        // The same average as DDP's buckets without a hook (gradient_buffers.h).
+        return tensor_when_done(detail::start_average(bucket.process_group(), bucket.buffer(), bucket.world_size()),
+                                bucket.buffer());
       },
       "allreduce");
 }

@@ -21,7 +21,6 @@
 #include "debug_level.h"
 #include "text.h"
 #include "desync.h"
-#include "owned_group.h"
 #include "reducer/state_sync.h"
 #include "start_allreduce.h"
 
@@ -75,10 +74,8 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                  ReducerOptions options)
     : params_(std::move(params)), names_(std::move(names)), group_(std::move(group)), options_(options) {
   divisor_ = group_->getSize();
-  owner_ = owned(group_);
   check_collectives_ = debug_level() == DebugLevel::kDetail;
   ready_.assign(params_.size(), 0);
-  in_grad_.assign(params_.size(), 0);
   globally_unused_.assign(params_.size(), 0);
   ready_order_.reserve(params_.size());
   // Gradients become ready roughly in reverse registration order: the last layer first.
@@ -128,37 +125,34 @@ void Reducer::build_buckets(const std::vector<size_t>& order, Builders builders)
   // bucket-view gradient keeps its old storage alive until it is copied in below).
   buckets_.clear();
   std::vector<Bucket> buckets(layout.size());
-  for (size_t b = 0; b < layout.size(); ++b) buckets[b].params = layout[b];
-  allocate_bucket_storage(buckets, builders);
+  std::vector<std::vector<at::Tensor>> members(layout.size());
+  for (size_t b = 0; b < layout.size(); ++b) {
+    buckets[b].params = layout[b];
+    for (size_t p : layout[b]) members[b].push_back(params_[p]);
+  }
+  std::vector<std::unique_ptr<GradientBuffer>> buffers;
+  try {
+    buffers = make_gradient_buffers(group_, members,
+                                    {hook_runner_ != nullptr, builders == Builders::kEveryRank,
+                                     options_.gradient_as_bucket_view, divisor_});
+  } catch (const std::exception& error) {  // a peer died or hung while the buckets went into shared memory
+    throw_collective_error(options_.owner + ": putting the gradient buckets in shared memory", kLoopCollectiveHint,
+                           error);
+  }
   place_.assign(params_.size(), BucketPlace{});
   for (size_t b = 0; b < layout.size(); ++b) {
     Bucket& bucket = buckets[b];
-    bucket.scale = at::full({}, 1.0 / divisor_, bucket.flat.options());
-    bucket.collective = {bucket.flat};
-    if (bucket.reduction == Reduction::kInPlace) bucket.pieces.reserve(bucket.params.size());
-    int64_t offset = 0;
+    bucket.buffer = std::move(buffers[b]);
     for (size_t k = 0; k < bucket.params.size(); ++k) {
-      at::Tensor& param = params_[bucket.params[k]];
-      // Shares the bucket's memory without being an autograd view, so that optimizers may
-      // detach_() and zero_() a gradient that lives in the bucket. In a shared bucket without
-      // gradient_as_bucket_view, with a storage of its own: what the user keeps of a slot that is
-      // no longer a gradient is then told apart slot by slot (mark_ready).
-      const at::Tensor view = bucket.flat.narrow(0, offset, param.numel()).view(param.sizes());
-      const bool adopts = bucket.reduction == Reduction::kShared && !options_.gradient_as_bucket_view;
-      if (adopts) {
-        bucket.views.push_back(at::from_blob(view.data_ptr(), view.sizes(), [flat = bucket.flat](void*) {}, view.options()));
-      } else {
-        bucket.views.push_back(at::empty({0}, bucket.flat.options())
-                                   .set_(view.storage(), view.storage_offset(), view.sizes(), view.strides()));
-      }
-      offset += param.numel();
       place_[bucket.params[k]] = BucketPlace{b, k};
       // A gradient the user already holds moves into the bucket, so nothing is lost (as it would
       // after the next reduction, write_back_gradients).
-      at::Tensor& grad = param.mutable_grad();
-      if (grad.defined() && (options_.gradient_as_bucket_view || (adopts && seen_only_by_its_parameter(grad)))) {
-        bucket.views[k].copy_(grad);
-        grad = bucket.views[k];
+      at::Tensor& grad = params_[bucket.params[k]].mutable_grad();
+      at::Tensor& slot = bucket.buffer->slot(k);
+      if (grad.defined() && (options_.gradient_as_bucket_view ||
+                             (bucket.buffer->shared() && seen_only_by_its_parameter(grad)))) {
+        slot.copy_(grad);
+        grad = slot;
       }
     }
   }
@@ -166,48 +160,12 @@ void Reducer::build_buckets(const std::vector<size_t>& order, Builders builders)
   bucket_order_ = order;
   if (hook_runner_) hook_runner_->set_buckets(hook_buckets());
   std::vector<int64_t> bytes;
-  for (const auto& bucket : buckets_) bytes.push_back(bucket.flat.numel() * bucket.flat.element_size());
+  for (const auto& bucket : buckets_) bytes.push_back(bucket.buffer->flat().nbytes());
   if (first_bucket_bytes_.empty()) first_bucket_bytes_ = bytes;
   recorder_.set_buckets(std::move(bytes));
   used_host_ = at::zeros({static_cast<int64_t>(params_.size())}, at::kInt);
   const auto device = collective_device(group_);
   used_device_ = device.is_cpu() ? used_host_ : used_host_.to(device);
-}
-
-// Each bucket's `flat`, and how it is reduced. Shared memory reduces without a hook where the
-// gradients are: in the buckets themselves when they can live in memory every rank maps (one
-// collective for all of them, so only where every rank builds its buckets), else where each
-// gradient lies.
-void Reducer::allocate_bucket_storage(std::vector<Bucket>& buckets, Builders builders) const {
-  std::vector<std::pair<int64_t, at::TensorOptions>> sizes, shareable;
-  for (Bucket& bucket : buckets) {
-    int64_t total = 0;
-    for (size_t p : bucket.params) total += params_[p].numel();
-    sizes.emplace_back(total, params_[bucket.params.front()].options().requires_grad(false));
-    if (!hook_runner_ && owner_ != nullptr && owner_->sums_in_place(at::empty({0}, sizes.back().second))) {
-      bucket.reduction = Reduction::kInPlace;
-      shareable.push_back(sizes.back());
-    }
-  }
-  // One tensor per shareable bucket, or none (on every rank alike).
-  std::vector<at::Tensor> shared;
-  if (!shareable.empty() && builders == Builders::kEveryRank) {
-    try {
-      shared = owner_->shared_zeros(shareable);
-    } catch (const std::exception& error) {  // a peer died or hung in the agreement
-      throw_collective_error(options_.owner + ": putting the gradient buckets in shared memory", kLoopCollectiveHint,
-                             error);
-    }
-  }
-  size_t next = 0;
-  for (size_t b = 0; b < buckets.size(); ++b) {
-    if (buckets[b].reduction == Reduction::kInPlace && !shared.empty()) {
-      buckets[b].flat = shared[next++];
-      buckets[b].reduction = Reduction::kShared;
-    } else {
-      buckets[b].flat = at::zeros({sizes[b].first}, sizes[b].second);
-    }
-  }
 }
 
 // What a communication hook sees of each bucket: views of the reducer's own storage.
@@ -223,8 +181,8 @@ std::vector<GradBucket> Reducer::hook_buckets() const {
       offsets.push_back(offset);
       offset += params_[p].numel();
     }
-    out.push_back(GradBucket(b, buckets_.size(), bucket.flat, bucket.views, std::move(params), std::move(offsets),
-                             group_, bucket.params));
+    out.push_back(GradBucket(b, buckets_.size(), bucket.buffer->flat(), bucket.buffer->slots(), std::move(params),
+                             std::move(offsets), group_, bucket.params));
   }
   return out;
 }
@@ -244,13 +202,14 @@ void Reducer::register_comm_hook(CommHook hook) {
          "gradients enabled); the buckets of the iterations so far were reduced without it.");
   }
   hook_runner_ = std::make_unique<HookRunner>(std::move(hook), timeout_of(group_));
-  for (Bucket& bucket : buckets_) bucket.reduction = Reduction::kFlat;  // the hook reduces `flat`
-  hook_runner_->set_buckets(hook_buckets());
+  // Buckets the hook reduces: private storage, raw gradients copied in (this rank alone: no
+  // shared memory to agree on).
+  build_buckets(bucket_order_, Builders::kThisRankAlone);
   hook_runner_->set_on_done([this](size_t b) { recorder_.reduced(b); });
   if (check_collectives_) {
     // On the hook thread, right before the hook issues the bucket's collectives.
     hook_runner_->set_before_each([this](size_t b) {
-      check_collective(CollectiveOp::kBucketReduction, static_cast<int64_t>(b), buckets_[b].flat);
+      check_collective(CollectiveOp::kBucketReduction, static_cast<int64_t>(b), buckets_[b].buffer->flat());
     });
   }
 }
@@ -281,13 +240,13 @@ void Reducer::rebuild_buckets_in_observed_order() {
   build_buckets(agreed);
   rebuilt_ = true;
   ready_order_ = {};
-  for (const auto& bucket : buckets_) rebuilt_bucket_bytes_.push_back(bucket.flat.numel() * bucket.flat.element_size());
+  for (const auto& bucket : buckets_) rebuilt_bucket_bytes_.push_back(bucket.buffer->flat().nbytes());
   verify_buckets_match_across_ranks();
 }
 
 void Reducer::verify_buckets_match_across_ranks() const {
   std::vector<std::pair<int64_t, c10::ScalarType>> layout;
-  for (const auto& bucket : buckets_) layout.emplace_back(bucket.flat.numel(), bucket.flat.scalar_type());
+  for (const auto& bucket : buckets_) layout.emplace_back(bucket.buffer->flat().numel(), bucket.buffer->flat().scalar_type());
   verify_same_buckets(layout, group_);
 }
 
@@ -303,7 +262,7 @@ void Reducer::set_divisor(int divisor) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (divisor == divisor_) return;
   divisor_ = divisor;
-  for (auto& bucket : buckets_) bucket.scale.fill_(1.0 / divisor_);
+  for (auto& bucket : buckets_) bucket.buffer->set_divisor(divisor_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -516,8 +475,8 @@ void Reducer::begin_pass_on_first_gradient() {
   state_ = State::kExpecting;
 }
 
-// Copies (and pre-divides by world size) one gradient into its bucket slot; launches every
-// bucket that became complete.
+// Hands one gradient to its bucket (gradient_buffers.h: copied into its slot, or reduced where it
+// lies); launches every bucket that became complete.
 void Reducer::mark_ready(size_t param, bool used) {
   if (ready_[param]) {
     fail("parameter '" + names_[param] + "' received a second gradient in one backward pass "
@@ -527,44 +486,33 @@ void Reducer::mark_ready(size_t param, bool used) {
   if (!rebuilt_ && iterations_reduced_ == 0) ready_order_.push_back(param);  // for the rebuild
 
   Bucket& bucket = buckets_[place_[param].bucket];
-  at::Tensor& slot = bucket.views[place_[param].index];
+  const size_t k = place_[param].index;
+  at::Tensor& slot = bucket.buffer->slot(k);
   recorder_.gradient_into(place_[param].bucket);
   at::NoGradGuard no_grad;
   // A shared bucket's slot becomes the gradient when nobody else can see it (write_back_gradients),
-  // but the reduction writes into every slot. So the gradient keeps its values - moved to private
-  // memory, as in PyTorch - when it gets none in this pass (an unused parameter's); and so does an
-  // earlier gradient the user still holds (or a tensor made from it) after the optimizer reset
-  // the parameter's gradient to undefined.
-  if (bucket.reduction == Reduction::kShared && !options_.gradient_as_bucket_view) {
+  // but every rank's reduction writes into every slot. So the gradient keeps its values - moved to
+  // private memory, as in PyTorch - when it gets none in this pass (an unused parameter's); and so
+  // does an earlier gradient the user still holds (or a tensor made from it) after the optimizer
+  // reset the parameter's gradient to undefined.
+  if (bucket.buffer->shared() && !options_.gradient_as_bucket_view) {
     const bool is_gradient = params_[param].grad().is_same(slot);
     if (is_gradient ? !used : slot.use_count() > 1 || slot.storage().use_count() > 1) slot = keep_apart(slot);
   }
-  in_grad_[param] = 0;
   if (!used) {
     slot.zero_();
+    bucket.buffer->take(k, slot);
   } else {
     at::Tensor& grad = params_[param].mutable_grad();
     if (grad.is_sparse()) {
       fail("parameter '" + names_[param] + "' produced a sparse gradient; DistributedDataParallel "
            "reduces dense gradients only (e.g. construct torch::nn::Embedding with sparse(false)).");
     }
-    // Pre-divided while copying, unless a hook reduces (it gets the raw sums and averages itself)
-    // or the reduction divides in its own pass (shared memory); dividing by a world of one is a wasted pass.
-    const bool average = divisor_ > 1 && bucket.reduction == Reduction::kFlat && !hook_runner_;
-    if (options_.gradient_as_bucket_view) {
-      if (!grad.is_same(slot)) {  // first iteration, or the optimizer reset grads to undefined
-        slot.copy_(grad);
-        grad = slot;
-      }
-      if (average) slot.mul_(bucket.scale);
-    } else if (bucket.reduction == Reduction::kInPlace && grad.is_contiguous() && grad.scalar_type() == slot.scalar_type() &&
-               grad.device() == slot.device() && !grad.requires_grad()) {
-      in_grad_[param] = 1;  // reduced where it lies: nothing to copy in or out
-    } else if (average) {
-      at::mul_out(slot, grad, bucket.scale);  // copy and pre-divide in one pass
-    } else if (!grad.is_same(slot)) {  // in a shared bucket it may be its slot already
-      slot.copy_(grad);
+    if (options_.gradient_as_bucket_view && !grad.is_same(slot)) {
+      slot.copy_(grad);  // first iteration, or the optimizer reset grads to undefined
+      grad = slot;
     }
+    bucket.buffer->take(k, grad);
     if (track_usage_) used_host_.data_ptr<int32_t>()[param] = 1;
   }
   if (--bucket.pending == 0) launch_ready_buckets();
@@ -587,10 +535,10 @@ void Reducer::launch_ready_buckets() {
     if (hook_runner_) {
       hook_runner_->submit(next_bucket_);  // checked on the hook thread under DETAIL
     } else {
-      check_collective(CollectiveOp::kBucketReduction, static_cast<int64_t>(next_bucket_), bucket.flat);
-      c10::OptionalDeviceGuard guard(bucket.flat.device());
+      check_collective(CollectiveOp::kBucketReduction, static_cast<int64_t>(next_bucket_), bucket.buffer->flat());
+      c10::OptionalDeviceGuard guard(bucket.buffer->flat().device());
       try {
-        bucket.work = start_bucket_reduction(next_bucket_);
+        bucket.work = bucket.buffer->start_average();
       } catch (const std::exception& error) {  // a backend may fail at launch already (a closed peer)
         throw_collective_error(describe_bucket(next_bucket_), kLoopCollectiveHint, error);
       }
@@ -606,27 +554,6 @@ void Reducer::launch_ready_buckets() {
     ++next_bucket_;
   }
   if (next_bucket_ == buckets_.size()) recorder_.all_ready();
-}
-
-// The bucket's allreduce: of `flat` (holding pre-divided gradients); of `flat` where it lies in
-// shared memory; or of each member's gradient where it lies (or its slot, when it had to be copied
-// there). The last two scale by 1/divisor in the same pass.
-c10::intrusive_ptr<c10d::Work> Reducer::start_bucket_reduction(size_t b) {
-  Bucket& bucket = buckets_[b];
-  switch (bucket.reduction) {
-    case Reduction::kFlat: return group_->allreduce(bucket.collective);
-    case Reduction::kShared: return owner_->start_shared_sum(bucket.flat, 1.0 / divisor_);
-    case Reduction::kInPlace: break;
-  }
-  bool any_in_grad = false;
-  bucket.pieces.clear();
-  for (size_t k = 0; k < bucket.params.size(); ++k) {
-    const size_t p = bucket.params[k];
-    any_in_grad = any_in_grad || in_grad_[p];
-    bucket.pieces.push_back(in_grad_[p] ? params_[p].mutable_grad() : bucket.views[k]);
-  }
-  // All in their slots (bucket views, unused parameters): the bucket as one piece.
-  return owner_->start_scaled_sum(any_in_grad ? bucket.pieces : bucket.collective, 1.0 / divisor_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -720,7 +647,8 @@ void Reducer::wait_for_buckets() {
   if (hook_runner_) {
     const std::vector<at::Tensor>& averages = hook_runner_->wait_all();  // throws naming the bucket
     for (size_t b = 0; b < buckets_.size(); ++b) {
-      if (!averages[b].is_same(buckets_[b].flat)) buckets_[b].flat.copy_(averages[b]);
+      const at::Tensor& flat = buckets_[b].buffer->flat();
+      if (!averages[b].is_same(flat)) flat.copy_(averages[b]);
     }
     return;
   }
@@ -738,21 +666,21 @@ void Reducer::wait_for_bucket(size_t b) {
   Bucket& bucket = buckets_[b];
   wait_collective(bucket.work, [&] { return describe_bucket(b); }, kLoopCollectiveHint);
   bucket.work.reset();
-  bucket.pieces.clear();  // no gradient kept alive past its reduction (the capacity stays)
 }
 
 void Reducer::write_back_gradients() {
   at::NoGradGuard no_grad;
   for (size_t p = 0; p < params_.size(); ++p) {
     if (globally_unused_[p]) continue;  // like a single process: no gradient, no update
-    if (in_grad_[p]) continue;          // reduced in place: the average is already there
-    const Bucket& bucket = buckets_[place_[p].bucket];
-    const at::Tensor& slot = bucket.views[place_[p].index];
+    GradientBuffer& buffer = *buckets_[place_[p].bucket].buffer;
+    const size_t k = place_[p].index;
+    if (buffer.reduced_in_place(k)) continue;  // the average is in the gradient already
+    const at::Tensor& slot = buffer.slot(k);
     at::Tensor& grad = params_[p].mutable_grad();
     // In a shared bucket the slot becomes the gradient when that cannot be seen: later iterations
     // then accumulate in the bucket, and nothing is copied in or back.
-    if (options_.gradient_as_bucket_view || (bucket.reduction == Reduction::kShared &&
-                                             (grad.is_same(slot) || seen_only_by_its_parameter(grad)))) {
+    if (options_.gradient_as_bucket_view ||
+        (buffer.shared() && (grad.is_same(slot) || seen_only_by_its_parameter(grad)))) {
       if (!grad.is_same(slot)) grad = slot;
     } else if (grad.defined()) {
       grad.copy_(slot);
@@ -773,7 +701,6 @@ void Reducer::discard_iteration() {
       // The iteration is being abandoned; its error is reported by the caller.
     }
     buckets_[b].work.reset();
-    buckets_[b].pieces.clear();
   }
   state_ = State::kIdle;
 }

@@ -2,20 +2,25 @@
 // The reducer: averages gradients across ranks while backward is still running.
 //
 //   prepare_for_backward()   forward ran; expect one gradient per parameter
-//   on_gradient_ready(i)     autograd hook: copy grad i into its bucket slot
-//     -> launch_ready_buckets()  every bucket whose members are all ready, in bucket order
-//   finalize()               end of backward: wait for the allreduces, write averages back
+//   on_gradient_ready(i)     autograd hook: hand grad i to its bucket (GradientBuffer::take)
+//     -> launch_ready_buckets()  every bucket whose members are all ready, in bucket order:
+//                                GradientBuffer::start_average, or the comm hook on its thread
+//   finalize()               end of backward: wait for the averages, write them back into .grad
 //
-// On a group whose ranks share memory (gloo+shm), a bucket is reduced where the gradients are,
-// and the division by the world size happens in the reduction's pass (bucket.h, Reduction). With
-// gradient_as_bucket_view the bucket itself lives in memory every rank maps, so each rank reduces
-// its slice of all ranks' buckets and writes it into all of them (kShared: two passes). Otherwise
-// each gradient is reduced where it lies (kInPlace): nothing is copied into the bucket or back,
-// and the bucket's storage only holds what cannot be reduced in place (zeros for unused
-// parameters, gradients of another layout).
+// Where a bucket lives and how it is averaged is the floor's choice, made once per bucket when the
+// buckets are built (gradient_buffers.h): copied into private memory and allreduced (Gloo, NCCL),
+// reduced where each gradient lies (shared memory), or the bucket itself in memory every rank
+// maps (shared memory, every rank building at once). The reducer only asks a buffer whether its
+// reduction writes every rank's slots (shared()), which decides whether a slot may become the
+// gradient itself. With a communication hook the buffers are storage only: raw gradients copied
+// in, and "launch" hands the bucket to the hook thread (hook_runner.h).
 //
-// With a communication hook, buckets hold raw sums and "launch" hands a bucket to the hook thread
-// (hook_runner.h) instead of starting an allreduce; finalize waits for the hooks' results.
+// Threads. The training thread calls everything public but on_gradient_ready (forward, the
+// optimizer's side, stats); autograd's threads call on_gradient_ready -> mark_ready ->
+// launch_ready_buckets, and finalize() from the engine's final callback; the hook thread runs the
+// hooks and touches only the GradBuckets it was handed. Every member below the mutex is guarded
+// by it, except rebuilt_ (atomic, read by hooks during backward) and what set-up fixes before the
+// first forward (params_, names_, group_, options_ but bucket_bytes, check_collectives_).
 //
 // Bucket assignment (which parameters share a bucket) is a separate pure function
 // (bucket_assignment.h); this class owns the per-iteration state machine and the buckets.
@@ -40,8 +45,6 @@
 #include "observe/iteration_recorder.h"
 
 namespace ddp::detail {
-
-class OwnedGroup;
 
 // What announces each backward pass to the reducer.
 enum class PassTrigger {
@@ -145,7 +148,6 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   void wait_for_bucket(size_t bucket);
   std::string describe_bucket(size_t bucket) const;  // "<owner>: allreduce of gradient bucket b of n"
   [[noreturn]] void fail(const std::string& message) const;  // std::runtime_error "<owner>: <message>"
-  c10::intrusive_ptr<c10d::Work> start_bucket_reduction(size_t bucket);
   c10::intrusive_ptr<c10d::Work> launch_usage_exchange();
   void read_usage_exchange(const c10::intrusive_ptr<c10d::Work>& work);
   void write_back_gradients();
@@ -154,7 +156,6 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // Whether every rank builds its buckets at this point (construction, the rebuild, autotuning),
   // so that they may be put in shared memory, a collective; or this rank alone (module.to()).
   enum class Builders { kEveryRank, kThisRankAlone };
-  void allocate_bucket_storage(std::vector<Bucket>& buckets, Builders builders) const;
   void build_buckets(const std::vector<size_t>& order, Builders builders = Builders::kEveryRank);
   std::vector<GradBucket> hook_buckets() const;
   void rebuild_buckets_in_observed_order();
@@ -177,7 +178,6 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   std::vector<at::Tensor> params_;
   std::vector<std::string> names_;
   ProcessGroupPtr group_;
-  OwnedGroup* owner_ = nullptr;       // group_'s library handle (null: a group built with c10d)
   ReducerOptions options_;
   // Strong references: autograd only holds gradient accumulators weakly, and a new accumulator
   // would not carry our hook.
@@ -192,7 +192,6 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   mutable std::mutex mutex_;
   State state_ = State::kIdle;
   std::vector<char> ready_;           // ready_[param] in this iteration
-  std::vector<char> in_grad_;         // in_grad_[param]: reduced in param.grad itself (kInPlace buckets)
   size_t next_bucket_ = 0;            // first bucket not launched yet
   std::vector<size_t> unused_;        // found unused at forward (static_graph: in iteration one),
                                       // marked when backward starts

@@ -35,8 +35,12 @@ c10::intrusive_ptr<c10d::Work> Channel::reduce_scatter(at::Tensor&, at::Tensor&,
 }
 c10::intrusive_ptr<c10d::Work> Channel::allgather_into(at::Tensor&, at::Tensor&) { DDP_NO_SHM_CHANNEL("allgather_into"); }
 c10::intrusive_ptr<c10d::Work> Channel::barrier() { DDP_NO_SHM_CHANNEL("barrier"); }
-std::vector<at::Tensor> Channel::shared_zeros(const std::vector<std::pair<int64_t, at::TensorOptions>>&) { return {}; }
-c10::intrusive_ptr<c10d::Work> Channel::shared_sum(at::Tensor&, double) { DDP_NO_SHM_CHANNEL("shared_sum"); }
+std::shared_ptr<SharedArray> Channel::share(std::size_t) { return nullptr; }
+void* Channel::mine(const SharedArray&) { return nullptr; }
+bool Channel::serves_shared_sum(c10::ScalarType) const { return false; }
+c10::intrusive_ptr<c10d::Work> Channel::shared_sum(std::shared_ptr<SharedArray>, std::size_t, const at::Tensor&, double) {
+  DDP_NO_SHM_CHANNEL("shared_sum");
+}
 }  // namespace ddp::detail::shm
 #else
 
@@ -373,18 +377,12 @@ c10::intrusive_ptr<c10d::Work> Channel::barrier() {
 
 // --- DDP's buckets in shared memory -----------------------------------------------------------
 
-std::vector<at::Tensor> Channel::shared_zeros(const std::vector<std::pair<int64_t, at::TensorOptions>>& tensors) {
-  // Where each tensor starts in the array: at a multiple of 64 bytes (whole cache lines).
-  std::vector<std::size_t> offsets;
-  std::size_t bytes = 0;
-  bool served = !tensors.empty();
-  for (const auto& [numel, options] : tensors) {
-    const std::optional<DType> dtype = dtype_of(c10::typeMetaToScalarType(options.dtype()));
-    served = served && numel >= 0 && dtype && (!hierarchical_ || Hierarchical::serves(*dtype, Op::kSum));
-    offsets.push_back(bytes);
-    bytes += (static_cast<std::size_t>(std::max<int64_t>(numel, 0)) * options.dtype().itemsize() + 63) / 64 * 64;
-  }
-  if (!served) return {};  // the same answer on every rank: nothing was communicated
+bool Channel::serves_shared_sum(c10::ScalarType dtype) const {
+  const std::optional<DType> type = dtype_of(dtype);
+  return type && (!hierarchical_ || Hierarchical::serves(*type, Op::kSum));
+}
+
+std::shared_ptr<SharedArray> Channel::share(std::size_t bytes) {
   std::shared_ptr<SharedArray> array;
   std::string refused;
   // On the channel's thread, in order with the collectives issued before it.
@@ -401,53 +399,25 @@ std::vector<at::Tensor> Channel::shared_zeros(const std::vector<std::pair<int64_
       std::fprintf(stderr, "[torchddp] DDP's gradient buckets stay in private memory (%s); shared memory reduces them "
                    "all the same, with more copies\n", refused.c_str());
     }
-    return {};
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    arrays_.erase(std::remove_if(arrays_.begin(), arrays_.end(), [](const auto& a) { return a.expired(); }), arrays_.end());
-    arrays_.push_back(array);
-  }
-  // Each tensor keeps the array (every rank's part, mapped) alive; the array unmaps with the last.
-  std::vector<at::Tensor> out;
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    void* data = static_cast<unsigned char*>(array->mine()) + offsets[i];
-    out.push_back(at::from_blob(data, {tensors[i].first}, [array](void*) {},
-                                tensors[i].second.device(at::kCPU).requires_grad(false)));
-  }
-  return out;
+  return array;
 }
 
-// The array `tensor` lies in, and where in it (bytes), or null.
-static std::pair<std::shared_ptr<SharedArray>, std::size_t> find_array(const std::vector<std::weak_ptr<SharedArray>>& arrays,
-                                                                      const at::Tensor& tensor) {
-  const auto* first = static_cast<const unsigned char*>(tensor.data_ptr());
-  for (const auto& weak : arrays) {
-    auto array = weak.lock();
-    if (!array) continue;
-    const auto* mine = static_cast<const unsigned char*>(array->mine());
-    if (first >= mine && first + tensor.nbytes() <= mine + array->bytes()) return {array, static_cast<std::size_t>(first - mine)};
-  }
-  return {nullptr, 0};
-}
+void* Channel::mine(const SharedArray& array) { return array.mine(); }
 
-c10::intrusive_ptr<c10d::Work> Channel::shared_sum(at::Tensor& tensor, double scale) {
-  std::pair<std::shared_ptr<SharedArray>, std::size_t> place;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    place = find_array(arrays_, tensor);
-  }
-  TORCH_INTERNAL_ASSERT(place.first, "Channel::shared_sum of a tensor outside the channel's shared memory");
+c10::intrusive_ptr<c10d::Work> Channel::shared_sum(std::shared_ptr<SharedArray> array, std::size_t offset,
+                                                   const at::Tensor& tensor, double scale) {
   const DType dtype = *dtype_of(tensor.scalar_type());
   const auto count = static_cast<std::size_t>(tensor.numel());
   // On the channel's thread always: a bucket's sum overlaps the rest of backward.
-  return issue(c10d::OpType::ALLREDUCE, {tensor}, Where::kChannelThread, [this, place, count, dtype, scale] {
-    if (hierarchical_) {
-      hierarchical_->allreduce_shared(place.first, place.second, count, dtype, Op::kSum, scale);
-    } else {
-      communicator_->allreduce_shared(*place.first, place.second, count, dtype, Op::kSum, scale);
-    }
-  });
+  return issue(c10d::OpType::ALLREDUCE, {tensor}, Where::kChannelThread,
+               [this, array = std::move(array), offset, count, dtype, scale] {
+                 if (hierarchical_) {
+                   hierarchical_->allreduce_shared(array, offset, count, dtype, Op::kSum, scale);
+                 } else {
+                   communicator_->allreduce_shared(*array, offset, count, dtype, Op::kSum, scale);
+                 }
+               });
 }
 
 Channel::Where Channel::where_for(std::size_t bytes) {

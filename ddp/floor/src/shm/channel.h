@@ -95,15 +95,21 @@ class Channel {
   c10::intrusive_ptr<c10d::Work> allgather_into(at::Tensor& output, at::Tensor& input);
   c10::intrusive_ptr<c10d::Work> barrier();
 
-  // DDP's buckets in memory every rank of the group maps (communicator.h, SharedArray) - across
-  // hosts, every rank of its host (hierarchical.h) - reduced where they are. Collective, in order
-  // with the other collectives: one zeroed CPU tensor of each (numel, options) asked for, all in
-  // one shared array - or none, on every rank alike, when the channel cannot share memory (a dtype
-  // it does not reduce; ranks asking for different sizes; /dev/shm too small on any host: said
-  // once on stderr).
-  std::vector<at::Tensor> shared_zeros(const std::vector<std::pair<int64_t, at::TensorOptions>>& tensors);
-  // allreduce SUM of a tensor shared_zeros made, where it lies, times `scale` in the same pass.
-  c10::intrusive_ptr<c10d::Work> shared_sum(at::Tensor& tensor, double scale);
+  // Memory every rank of the group maps (communicator.h, SharedArray) - across hosts, every rank of
+  // its host (hierarchical.h) - for DDP's gradient buckets (gradient_buffers.h), reduced where they
+  // are. Collective, in order with the other collectives: `bytes` of zeroed memory, or null on every
+  // rank alike when the channel cannot share it (ranks asking for different sizes; /dev/shm too
+  // small on any host: said once on stderr).
+  std::shared_ptr<SharedArray> share(std::size_t bytes);
+  // This rank's part of a shared array.
+  static void* mine(const SharedArray& array);
+  // Whether shared_sum reduces elements of this dtype.
+  bool serves_shared_sum(c10::ScalarType dtype) const;
+  // allreduce SUM, times `scale` in the same pass, of the `count` elements of `dtype` at byte
+  // `offset` of every rank's part of `array`, where they lie. `tensor` (those elements) is the
+  // Work's result.
+  c10::intrusive_ptr<c10d::Work> shared_sum(std::shared_ptr<SharedArray> array, std::size_t offset,
+                                            const at::Tensor& tensor, double scale);
 
  private:
   class Work;
@@ -120,8 +126,7 @@ class Channel {
   // One of the two: every rank of the group on this host, or several hosts (the allreduce only).
   std::unique_ptr<Communicator> communicator_;
   std::unique_ptr<Hierarchical> hierarchical_;
-  mutable std::mutex mutex_;  // guards the queue, running_, stopping_ and arrays_
-  std::vector<std::weak_ptr<SharedArray>> arrays_;  // what shared_zeros made, while tensors use it
+  mutable std::mutex mutex_;  // guards the queue, running_ and stopping_
   std::condition_variable wake_;
   std::deque<std::function<void()>> queue_;
   bool running_ = false;  // a collective runs (on the channel's thread or a caller's): the next waits
