@@ -17,7 +17,6 @@ DebugLevel debug_level() {
 }
 
 void info_log(const std::string& message) {
-  if (debug_level() == DebugLevel::kOff) return;
   std::fprintf(stderr, "[torchddp INFO] %s\n", message.c_str());
 }
 

@@ -13,11 +13,13 @@ namespace ddp::detail {
 
 enum class DebugLevel { kOff, kInfo, kDetail };
 
-// Read where it is needed: when a DDP model or Join is constructed or checks, and when one logs
-// (never per gradient). An unknown value is an std::invalid_argument naming it and the valid ones.
+// Read once per group, when it is made (init_process_group, new_group, and the groups DDP and
+// DistributedOptimizer split off at construction), into the group's recipe: the library asks the
+// group (backends.h, debug_level_of), never the environment per collective. An unknown value is an
+// std::invalid_argument naming it and the valid ones.
 DebugLevel debug_level();
 
-// Writes "[torchddp INFO] <message>" to stderr when the level is INFO or DETAIL.
+// Writes "[torchddp INFO] <message>" to stderr (the caller checked the level).
 void info_log(const std::string& message);
 
 }  // namespace ddp::detail

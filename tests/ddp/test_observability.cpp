@@ -85,10 +85,8 @@ TEST(Desync, DetailPassesWhenRanksAgree) {
 }
 
 DDP_WORKER(debug_level_typo) {
-  worker_init();
-  MLP net;
   try {
-    ddp::DistributedDataParallel model(net);
+    worker_init();  // the group reads the level when it is made
   } catch (const std::invalid_argument& error) {
     const std::string message = error.what();
     require(message.find("TORCH_DISTRIBUTED_DEBUG='DETIAL'") != std::string::npos, message);

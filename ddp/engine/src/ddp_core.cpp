@@ -97,7 +97,7 @@ DDPCore::DDPCore(torch::nn::Module& module, DDPOptions options)
   reducer_options.bucket_cap_auto = options_.bucket_cap_mb_auto();
   impl_->reducer = Reducer::create(impl_->params, impl_->names, group, reducer_options);
   impl_->reducer->set_timeline(Timeline::open_for_rank(group->getRank()));
-  if (group->getRank() == 0 && debug_level() != DebugLevel::kOff) info_log(describe(logging_data()));
+  if (group->getRank() == 0 && debug_level_of(group) != DebugLevel::kOff) info_log(describe(logging_data()));
   claim_for_ddp(impl_->params);
 }
 
@@ -150,7 +150,7 @@ void DDPCore::before_forward() {
   // INFO: the averages every 100 iterations, from rank 0.
   const int64_t iteration = impl_->reducer->iterations_reduced();
   if (iteration > 0 && iteration % 100 == 0 && iteration != last_logged_iteration_ &&
-      impl_->group->getRank() == 0 && debug_level() != DebugLevel::kOff) {
+      impl_->group->getRank() == 0 && debug_level_of(impl_->group) != DebugLevel::kOff) {
     last_logged_iteration_ = iteration;
     info_log(describe(logging_data()));
   }

@@ -80,6 +80,7 @@ ProcessGroupPtr split_off(const ProcessGroupPtr& parent, const std::string& purp
   GroupRecipe recipe = made->recipe();
   const std::string prefix = recipe.backend + "/split/" + purpose + "/" + std::to_string(made->next_split());
   recipe.shared_memory = recipe.shared_memory && shared_memory;
+  recipe.debug = debug_level();  // DDP's own group takes the level its constructor sees
   if (!members.empty()) {
     const auto at = std::find(members.begin(), members.end(), recipe.rank);
     if (at == members.end()) return {};
@@ -95,6 +96,11 @@ ProcessGroupPtr split_off(const ProcessGroupPtr& parent, const std::string& purp
 std::chrono::milliseconds timeout_of(const ProcessGroupPtr& group) {
   const OwnedGroup* made = owned(group);
   return made != nullptr ? made->recipe().timeout : kDefaultTimeout;
+}
+
+DebugLevel debug_level_of(const ProcessGroupPtr& group) {
+  const OwnedGroup* made = owned(group);
+  return made != nullptr ? made->recipe().debug : debug_level();
 }
 
 std::string transport_of(const ProcessGroupPtr& group) {

@@ -33,4 +33,8 @@ std::chrono::milliseconds timeout_of(const ProcessGroupPtr& group);
 // backend's name.
 std::string transport_of(const ProcessGroupPtr& group);
 
+// TORCH_DISTRIBUTED_DEBUG as it was when `group` was made (read once per group, never per
+// collective); for a group built with c10d directly, as it is now.
+DebugLevel debug_level_of(const ProcessGroupPtr& group);
+
 }  // namespace ddp::detail

@@ -5,6 +5,7 @@
 // paired inside the backend. Otherwise a free collective is exactly its collective, as in PyTorch.
 #include <ddp/process_group.h>
 
+#include "backends.h"
 #include "debug_level.h"
 #include "desync.h"
 
@@ -18,7 +19,7 @@ inline CollectiveFingerprint fingerprint(CollectiveOp op, const at::Tensor& tens
 }
 
 inline void verify_if_detail(const ProcessGroupPtr& group, const CollectiveFingerprint& mine, const char* who) {
-  if (debug_level() == DebugLevel::kDetail) verify_same_collective(group, mine, who);
+  if (debug_level_of(group) == DebugLevel::kDetail) verify_same_collective(group, mine, who);
 }
 
 }  // namespace ddp::detail

@@ -26,6 +26,7 @@
 #include <ddp/process_group.h>
 
 #include "compat.h"
+#include "debug_level.h"
 
 namespace gloo::transport {
 class Device;
@@ -46,6 +47,7 @@ struct GroupRecipe {
   std::string master_host;                 // picks Gloo's network interface
   bool shared_memory = true;               // InitOptions::shared_memory and TORCHDDP_SHM
   bool hierarchical = true;                // InitOptions::hierarchical and TORCHDDP_HIERARCHICAL
+  DebugLevel debug = DebugLevel::kOff;     // TORCH_DISTRIBUTED_DEBUG when the group was made
   std::string run_id;                      // the job's (launch_environment.h): in shared-memory names
   std::vector<int> global_ranks;           // each member's rank in the default group (empty: rank i is i)
 };

@@ -37,6 +37,12 @@
 namespace ddp {
 namespace {
 
+// TORCHDDP_SHM, TORCHDDP_HIERARCHICAL: anything but "0" (or unset) allows.
+bool environment_allows(const char* variable) {
+  const char* value = std::getenv(variable);
+  return value == nullptr || std::string(value) != "0";
+}
+
 std::mutex g_default_mutex;
 ProcessGroupPtr g_default_group;
 
@@ -251,6 +257,7 @@ struct Connection {
 Connection connect_group(const InitOptions& options) {
   // Rank and world size: explicit options win, then the launcher's variables (launch_environment.h).
   const LaunchEnvironment launch = launch_environment();
+  const detail::DebugLevel debug = detail::debug_level();  // a misspelt level is refused before connecting
   const bool alone = launch.source == LaunchEnvironment::Source::kNone && options.world_size < 0;
   if (alone && options.require_launcher) {
     fail("no launcher variables are set (RANK/WORLD_SIZE from ddprun or torchrun, SLURM_PROCID from srun, "
@@ -375,11 +382,19 @@ Connection connect_group(const InitOptions& options) {
   rendezvous(*store, Arrival{"rendezvous", rank, world_size, launch.run_id, /*check_identity=*/true},
              options.timeout, where);
 
-  ProcessGroupPtr group =
-      detail::make_group(detail::GroupRecipe{backend, store, rank, world_size, options.timeout, master_host,
-                                             options.shared_memory(), options.hierarchical(), launch.run_id,
-                                             /*global_ranks=*/{}},
-                         backend);
+  // The settings the environment gives, read once here into the group's recipe.
+  const detail::GroupRecipe recipe{backend,
+                                   store,
+                                   rank,
+                                   world_size,
+                                   options.timeout,
+                                   master_host,
+                                   options.shared_memory() && environment_allows("TORCHDDP_SHM"),
+                                   options.hierarchical() && environment_allows("TORCHDDP_HIERARCHICAL"),
+                                   debug,
+                                   launch.run_id,
+                                   /*global_ranks=*/{}};
+  ProcessGroupPtr group = detail::make_group(recipe, backend);
   // Return only once every rank has finished connecting (like torch.distributed's store-based
   // barrier): a rank that finishes first and exits at once would otherwise break a peer still in
   // Gloo's connectFullMesh ("Connection closed by peer").

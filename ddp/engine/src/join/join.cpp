@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <ddp/wait_collective.h>
+#include "backends.h"
 #include "debug_level.h"
 #include "desync.h"
 #include "start_allreduce.h"
@@ -113,7 +114,7 @@ const JoinStatus& Join::notify(size_t index, bool sync) {
 
 std::unique_ptr<Join::Check> Join::launch_check(bool active, bool sync) {
   const int world = group_->getSize(), rank = group_->getRank();
-  if (detail::debug_level() == detail::DebugLevel::kDetail) {
+  if (detail::debug_level_of(group_) == detail::DebugLevel::kDetail) {
     detail::verify_same_collective(group_, {detail::CollectiveOp::kJoin, -1, at::kLong, 2 + world}, "ddp::Join");
   }
   at::Tensor flags = at::zeros({2 + world}, at::kLong);

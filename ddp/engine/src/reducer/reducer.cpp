@@ -74,7 +74,7 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                  ReducerOptions options)
     : params_(std::move(params)), names_(std::move(names)), group_(std::move(group)), options_(options) {
   divisor_ = group_->getSize();
-  check_collectives_ = debug_level() == DebugLevel::kDetail;
+  check_collectives_ = debug_level_of(group_) == DebugLevel::kDetail;
   ready_.assign(params_.size(), 0);
   globally_unused_.assign(params_.size(), 0);
   ready_order_.reserve(params_.size());
@@ -334,7 +334,7 @@ void Reducer::autotune_step() {
       options_.bucket_bytes = autotuner_->chosen_cap();
       build_buckets(bucket_order_);
       verify_buckets_match_across_ranks();
-      if (group_->getRank() == 0) info_log(describe_choice(*autotuner_));
+      if (group_->getRank() == 0 && debug_level_of(group_) != DebugLevel::kOff) info_log(describe_choice(*autotuner_));
       return;
     }
   }
@@ -632,7 +632,7 @@ void Reducer::read_usage_exchange(const c10::intrusive_ptr<c10d::Work>& work) {
     globally_unused_[p] = used[p] == 0;
   }
   if (options_.static_graph) graph_learnt_ = true;
-  if (changed && group_->getRank() == 0 && debug_level() != DebugLevel::kOff) {
+  if (changed && group_->getRank() == 0 && debug_level_of(group_) != DebugLevel::kOff) {
     std::vector<size_t> unused;
     for (size_t p = 0; p < params_.size(); ++p) {
       if (globally_unused_[p]) unused.push_back(p);

@@ -9,6 +9,7 @@
 #include <c10/core/DeviceGuard.h>
 
 #include <ddp/wait_collective.h>
+#include "backends.h"
 #include "debug_level.h"
 #include "desync.h"
 
@@ -167,7 +168,7 @@ void verify_same_comm_hook(const std::string& hook, const ProcessGroupPtr& group
 }
 
 TensorBroadcaster::TensorBroadcaster(std::vector<at::Tensor> tensors, ProcessGroupPtr group)
-    : tensors_(std::move(tensors)), group_(std::move(group)), check_collectives_(debug_level() == DebugLevel::kDetail) {
+    : tensors_(std::move(tensors)), group_(std::move(group)), check_collectives_(debug_level_of(group_) == DebugLevel::kDetail) {
   std::map<std::pair<std::string, int>, size_t> index;
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const auto key = std::make_pair(tensors_[i].device().str(), static_cast<int>(tensors_[i].scalar_type()));

@@ -14,6 +14,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 
+#include "backends.h"
 #include "debug_level.h"
 #include "desync.h"
 #include "error_text.h"
@@ -304,7 +305,7 @@ void ZeroRedundancyOptimizerBase::broadcast_shards() {
     }
   }
   if (shards.empty()) return;  // every parameter frozen: the same on every rank
-  if (detail::debug_level() == detail::DebugLevel::kDetail) {
+  if (detail::debug_level_of(group_) == detail::DebugLevel::kDetail) {
     int64_t numel = 0;
     for (const auto& shard : shards) numel += shard.second.numel();
     detail::verify_same_collective(group_,

@@ -101,12 +101,6 @@ std::string short_run_id(const std::string& run_id) {
   return out.empty() ? "job" : out;
 }
 
-// TORCHDDP_SHM, TORCHDDP_HIERARCHICAL: anything but "0" (or unset) allows.
-bool environment_allows(const char* variable) {
-  const char* value = std::getenv(variable);
-  return value == nullptr || std::string(value) != "0";
-}
-
 // The one line a process prints when its ranks span hosts the hierarchical allreduce cannot serve.
 void notice_flat_gloo(const HostLayout& layout) {
   static std::atomic<bool> said{false};
@@ -191,8 +185,8 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& st
   StoreRendezvous keys(store);
   // 1. Where each rank runs, whether it wants shared memory, and whether across hosts: the same
   //    answer on every rank ("off", or "<hierarchical: 1|0> <host identity>").
-  const std::string where = wanted && environment_allows("TORCHDDP_SHM") ? host_identity() : "";
-  const bool across = hierarchical && environment_allows("TORCHDDP_HIERARCHICAL");
+  const std::string where = wanted ? host_identity() : "";
+  const bool across = hierarchical;
   keys.set("where/" + std::to_string(rank), where.empty() ? "off" : (across ? "1 " : "0 ") + where);
   std::vector<std::string> identities;
   bool all_across = true;

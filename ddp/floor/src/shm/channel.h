@@ -50,9 +50,10 @@ class SharedArray;
 class Channel {
  public:
   // Collective: every rank of the group calls it with the same arguments but its rank. Returns
-  // the channel, or null on every rank alike - when `wanted` is false or TORCHDDP_SHM=0 on any
-  // rank; when the ranks span several hosts (hostname, boot id and /dev/shm mount, compared
-  // through the store) and `hierarchical` is false or TORCHDDP_HIERARCHICAL=0 on any rank, or the
+  // the channel, or null on every rank alike - when `wanted` is false on any rank (the group's
+  // recipe: InitOptions and TORCHDDP_SHM); when the ranks span several hosts (hostname, boot id and
+  // /dev/shm mount, compared through the store) and `hierarchical` is false on any rank (InitOptions
+  // and TORCHDDP_HIERARCHICAL), or the
   // hosts run different numbers of ranks, or one each (said once per process on rank 0's stderr);
   // when any rank's set-up fails (no /dev/shm, full, ...; said once on stderr) - and the group
   // then runs on Gloo alone. `store` is the group's own (prefixed) store; `device` is the group's
