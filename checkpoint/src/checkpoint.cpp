@@ -9,6 +9,8 @@
 #include <functional>
 #include <map>
 #include <filesystem>
+#include <memory>
+#include <random>
 #include <regex>
 #include <typeinfo>
 #include <vector>
@@ -19,9 +21,11 @@
 #include <ddp/atomic_file.h>
 
 #include "archive_check.h"
+#include "compat.h"
 #include "directory_lock.h"
 #include "error_line.h"
 #include "optimizer_placement.h"
+#include "optimizer_state.h"
 #include "tensor_check.h"
 
 namespace ddp {
@@ -29,7 +33,12 @@ namespace {
 
 constexpr char kTrainingRecord[] = "ddp_training_state";
 constexpr char kOptimizerRecord[] = "ddp_optimizer_state";
+// A sharded checkpoint's rank files: "<path>.rank-<r>-of-<W>".
+constexpr char kRankFileInfix[] = ".rank-";
 constexpr int64_t kFormatVersion = 1;
+// A sharded checkpoint's files (its index and the ranks' files): builds that read only version 1
+// refuse them by their version rather than load an empty model.
+constexpr int64_t kShardedFormatVersion = 2;
 
 ProcessGroupPtr resolve_group(const ProcessGroupPtr& group) {
   if (group) return group;
@@ -253,11 +262,17 @@ std::string state_key(size_t index, size_t rank) {
   return "state_" + std::to_string(index) + "_" + std::to_string(rank);
 }
 
+// What a sharded checkpoint's file adds to its training record (none for a single-file checkpoint).
+using MoreFields = std::function<void(torch::serialize::OutputArchive&)>;
+
+// `rng` and `states` are those of ranks first_rank, first_rank + 1, ... (a sharded checkpoint's
+// rank file holds its own rank's alone).
 std::string training_record(const TrainingState& state, int64_t world_size, const SavedContents& contents,
                             const std::vector<RngState>& rng, const std::vector<std::string>& state_names,
-                            const std::vector<std::vector<at::Tensor>>& states) {
+                            const std::vector<std::vector<at::Tensor>>& states, size_t first_rank = 0,
+                            const MoreFields& more = {}) {
   torch::serialize::OutputArchive archive;
-  archive.write("format_version", c10::IValue(kFormatVersion));
+  archive.write("format_version", c10::IValue(more ? kShardedFormatVersion : kFormatVersion));
   archive.write("epoch", c10::IValue(state.epoch));
   archive.write("global_step", c10::IValue(state.global_step));
   archive.write("world_size", c10::IValue(world_size));
@@ -284,20 +299,22 @@ std::string training_record(const TrainingState& state, int64_t world_size, cons
     archive.write("optimizer_types", c10::IValue(c10::List<std::string>(types)));
     archive.write("optimizer_devices", c10::IValue(c10::List<std::string>(devices)));
   }
-  archive.write("rng_ranks", c10::IValue(static_cast<int64_t>(rng.size())));
-  for (size_t rank = 0; rank < rng.size(); ++rank) {
-    archive.write("rng_cpu_" + std::to_string(rank), rng[rank].cpu, /*is_buffer=*/true);
+  archive.write("rng_ranks", c10::IValue(static_cast<int64_t>(rng.empty() ? 0 : first_rank + rng.size())));
+  for (size_t i = 0; i < rng.size(); ++i) {
+    const size_t rank = first_rank + i;
+    archive.write("rng_cpu_" + std::to_string(rank), rng[i].cpu, /*is_buffer=*/true);
     archive.write("rng_cuda_" + std::to_string(rank),
-                  rng[rank].cuda.defined() ? rng[rank].cuda : torch::empty({0}, at::kByte), /*is_buffer=*/true);
+                  rng[i].cuda.defined() ? rng[i].cuda : torch::empty({0}, at::kByte), /*is_buffer=*/true);
   }
   // Names are listed, records are numbered: archive keys may not hold the dots a name may have.
   archive.write("state_names", c10::IValue(c10::List<std::string>(state_names)));
-  archive.write("state_ranks", c10::IValue(static_cast<int64_t>(states.size())));
-  for (size_t rank = 0; rank < states.size(); ++rank) {
-    for (size_t i = 0; i < states[rank].size(); ++i) {
-      archive.write(state_key(i, rank), states[rank][i], /*is_buffer=*/true);
+  archive.write("state_ranks", c10::IValue(static_cast<int64_t>(states.empty() ? 0 : first_rank + states.size())));
+  for (size_t k = 0; k < states.size(); ++k) {
+    for (size_t i = 0; i < states[k].size(); ++i) {
+      archive.write(state_key(i, first_rank + k), states[k][i], /*is_buffer=*/true);
     }
   }
+  if (more) more(archive);
   return bytes_of(archive);
 }
 
@@ -324,9 +341,10 @@ std::vector<std::string> read_strings(torch::serialize::InputArchive& archive, c
 void write_checkpoint_file(const std::string& path, const SavedContents& contents, const TrainingState& state,
                            int64_t world_size, const std::vector<RngState>& rng,
                            const std::vector<std::string>& state_names,
-                           const std::vector<std::vector<at::Tensor>>& states) {
+                           const std::vector<std::vector<at::Tensor>>& states, size_t first_rank = 0,
+                           const MoreFields& more = {}) {
   std::vector<std::pair<std::string, std::string>> records = {
-      {kTrainingRecord, training_record(state, world_size, contents, rng, state_names, states)}};
+      {kTrainingRecord, training_record(state, world_size, contents, rng, state_names, states, first_rank, more)}};
   for (size_t i = 0; i < contents.optimizers.size(); ++i) {
     torch::serialize::OutputArchive archive;
     contents.optimizers[i].second->save(archive);
@@ -348,8 +366,24 @@ void write_checkpoint_file(const std::string& path, const SavedContents& content
 struct SavedOptimizer {
   std::string name, type, device;
 };
+// A sharded checkpoint's index (its own file, `path`): the rows of each parameter each rank's file
+// holds, by [rank * names.size() + parameter].
+struct ShardedIndex {
+  int64_t save_id = 0;
+  int64_t world = 0;  // rank files
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;  // the whole parameters'
+  std::vector<int64_t> first_rows, rows;
+};
+// One rank's file of a sharded checkpoint.
+struct ShardFile {
+  int64_t save_id = 0, rank = 0, world = 0;
+};
+
 struct SavedRecord {
   Layout layout = Layout::kOneModel;
+  std::optional<ShardedIndex> sharded_index;
+  std::optional<ShardFile> shard_file;
   TrainingState state;
   std::vector<std::string> model_names;     // kNamed
   std::vector<SavedOptimizer> optimizers;   // kOneModel: none or one, named ""
@@ -357,6 +391,59 @@ struct SavedRecord {
   std::vector<std::string> state_names;
   torch::serialize::InputArchive archive;   // for the per-rank RNG and state entries
 };
+
+std::vector<int64_t> read_ints(torch::serialize::InputArchive& archive, const std::string& key) {
+  c10::IValue value;
+  archive.read(key, value);
+  return value.toIntVector();
+}
+
+void require_sound(bool sound, const std::string& what) {
+  if (!sound) throw CheckpointError("its sharded index is damaged: " + what);
+}
+
+// A sharded checkpoint's fields, checked: the sizes come from a file.
+void read_sharded_fields(torch::serialize::InputArchive& archive, SavedRecord& saved) {
+  c10::IValue names;
+  if (!archive.try_read("sharded_names", names)) {
+    ShardFile file;
+    file.save_id = read_int(archive, "sharded_save_id");
+    file.rank = read_int(archive, "sharded_file_rank");
+    file.world = read_int(archive, "sharded_world_size");
+    saved.shard_file = file;
+    return;
+  }
+  ShardedIndex index;
+  index.save_id = read_int(archive, "sharded_save_id");
+  index.world = read_int(archive, "sharded_world_size");
+  for (const auto& name : names.toListRef()) index.names.push_back(name.toStringRef());
+  const auto ndims = read_ints(archive, "sharded_ndims"), sizes = read_ints(archive, "sharded_sizes");
+  index.first_rows = read_ints(archive, "sharded_first_rows");
+  index.rows = read_ints(archive, "sharded_rows");
+  const size_t count = index.names.size();
+  require_sound(index.world >= 1 && index.world <= (int64_t{1} << 24),
+                "a world size of " + std::to_string(index.world));
+  require_sound(ndims.size() == count, std::to_string(count) + " parameters but " + std::to_string(ndims.size()) + " shapes");
+  size_t at = 0;
+  for (const int64_t ndim : ndims) {
+    require_sound(ndim >= 0 && ndim <= 64 && at + ndim <= sizes.size(), "a shape of " + std::to_string(ndim) + " dimensions");
+    index.shapes.emplace_back(sizes.begin() + at, sizes.begin() + at + ndim);
+    for (const int64_t size : index.shapes.back()) require_sound(size >= 0, "a size of " + std::to_string(size));
+    at += ndim;
+  }
+  require_sound(at == sizes.size(), "sizes left over after the shapes");
+  const size_t cells = static_cast<size_t>(index.world) * count;
+  require_sound(index.first_rows.size() == cells && index.rows.size() == cells,
+                "the row table is not one row range per rank and parameter");
+  for (size_t k = 0; k < cells; ++k) {
+    const auto& shape = index.shapes[k % count];
+    const int64_t rows = shape.empty() ? 1 : shape[0];
+    require_sound(index.first_rows[k] >= 0 && index.rows[k] >= 0 && index.first_rows[k] <= rows &&
+                      index.rows[k] <= rows - index.first_rows[k],
+                  "rows out of range for " + index.names[k % count]);
+  }
+  saved.sharded_index = std::move(index);
+}
 
 void read_training_record(const std::vector<char>& zip, const std::string& path, SavedRecord& saved) {
   const auto record = read_archive_record(zip, kTrainingRecord, path);
@@ -371,9 +458,9 @@ void read_training_record(const std::vector<char>& zip, const std::string& path,
     const std::vector<char> checked = checked_script_archive(std::vector<char>(record->begin(), record->end()));
     archive.load_from(checked.data(), checked.size(), at::Device(at::kCPU));
     const int64_t version = read_int(archive, "format_version");
-    if (version != kFormatVersion) {
+    if (version != kFormatVersion && version != kShardedFormatVersion) {
       throw CheckpointError("format version " + std::to_string(version) + " is not supported (this build reads " +
-                            std::to_string(kFormatVersion) + ")");
+                            std::to_string(kFormatVersion) + " and " + std::to_string(kShardedFormatVersion) + ")");
     }
     state.epoch = read_int(archive, "epoch");
     state.global_step = read_int(archive, "global_step");
@@ -409,6 +496,7 @@ void read_training_record(const std::vector<char>& zip, const std::string& path,
       for (const auto& name : names_value.toListRef()) saved.state_names.push_back(name.toStringRef());
       saved.state_ranks = read_int(archive, "state_ranks");
     }
+    if (version == kShardedFormatVersion) read_sharded_fields(archive, saved);
   } catch (const std::exception& error) {
     throw CheckpointError("cannot read the training state in " + path + ": " + error_line(error));
   }
@@ -434,7 +522,7 @@ ParameterNames parameter_names(const LoadedContents& contents) {
 // a single-model file, " under \"<name>\"" for a named one.
 void load_optimizer(const std::vector<char>& zip, const std::string& path, const SavedOptimizer& saved,
                     const std::string& record, const std::string& where, torch::optim::Optimizer& optimizer,
-                    const LoadOptions& options, const ParameterNames& name_of) {
+                    const LoadOptions& options, const ParameterNames& name_of, bool check_fits = true) {
   if (state_format(saved.type) != state_format(optimizer_type(optimizer))) {
     throw CheckpointError("checkpoint " + path + " holds " + saved.type + " state" + where + ", the optimizer is " +
                           optimizer_type(optimizer));
@@ -471,6 +559,7 @@ void load_optimizer(const std::vector<char>& zip, const std::string& path, const
     throw CheckpointError("cannot move the optimizer state" + where + " in " + path + " to its parameters' devices: " +
                           error_line(error));
   }
+  if (!check_fits) return;  // a sharded checkpoint's other rank: its rows, checked once assembled
   try {  // what LibTorch would meet only at the next step(), or train on to NaN
     check_state_fits_parameters(optimizer, name_of);
   } catch (const std::invalid_argument& error) {
@@ -481,6 +570,17 @@ void load_optimizer(const std::vector<char>& zip, const std::string& path, const
 // The models and optimizers of `contents` from the file, which must have the same layout.
 void load_contents(const std::vector<char>& zip, const std::string& path, const SavedRecord& saved,
                    const LoadedContents& contents, const LoadOptions& options) {
+  if (saved.sharded_index) {
+    throw CheckpointError("checkpoint " + path + " is sharded (one file per rank beside it, saved with "
+                          "CheckpointOptions().full_state_dict(false)): load it into the model sharded by "
+                          "ddp::fully_shard, giving load_checkpoint its FSDPModule, which reads the rank files; "
+                          "a plain module needs a checkpoint saved with full_state_dict(true)");
+  }
+  if (saved.shard_file) {
+    throw CheckpointError(path + " is the file of rank " + std::to_string(saved.shard_file->rank) + " of " +
+                          std::to_string(saved.shard_file->world) + " of a sharded checkpoint: load the checkpoint "
+                          "through its index, the file named without \".rank-...\"");
+  }
   if (saved.layout != contents.layout) {
     throw CheckpointError(
         saved.layout == Layout::kNamed
@@ -552,9 +652,35 @@ void keep_newest(const std::string& path, const std::string& prefix, int keep) {
   for (size_t i = static_cast<size_t>(keep); i < found.size(); ++i) {
     std::error_code ignored;  // a file someone else removed first is fine
     std::filesystem::remove(found[i].second, ignored);
+    // A sharded checkpoint's rank files go with it.
+    const std::string rank_files = std::filesystem::path(found[i].second).filename().string() + kRankFileInfix;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ignored)) {
+      if (entry.path().filename().string().rfind(rank_files, 0) == 0) std::filesystem::remove(entry.path(), ignored);
+    }
   }
 }
 
+
+// Rank 0, before it writes: a missing directory is made (what every program did by hand before its
+// first save), and locked: one job per directory, since another's saves would overwrite and prune ours.
+void prepare_directory(const std::string& path) {
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty()) std::filesystem::create_directories(dir);
+  lock_checkpoint_directory(dir.string());
+}
+
+// Every rank, once rank 0 wrote `path` or failed (`failure`, rank 0's error): doubles as the
+// barrier, so no rank leaves before rank 0 has renamed the complete file.
+void finish_save(const std::string& path, const std::string& failure, int rank, const ProcessGroupPtr& group) {
+  if (group) {
+    at::Tensor ok = torch::tensor({failure.empty() ? 1 : 0}, at::kInt).to(collective_device(group));
+    broadcast(ok, 0, group);
+    if (rank != 0 && ok.cpu().item<int>() == 0) {
+      throw CheckpointError("rank 0 failed to save checkpoint " + path + " (its error is in rank 0's output)");
+    }
+  }
+  if (!failure.empty()) throw CheckpointError("cannot save checkpoint " + path + ": " + failure);
+}
 
 // The collective save of any contents: every rank's RNG and states gathered, rank 0 writes.
 void save_contents(const std::string& path, const SavedContents& contents, const TrainingState& state,
@@ -572,35 +698,35 @@ void save_contents(const std::string& path, const SavedContents& contents, const
   std::string failure;
   if (rank == 0) {
     try {
-      // A missing directory is made (what every program did by hand before its first save).
-      const std::filesystem::path dir = std::filesystem::path(path).parent_path();
-      if (!dir.empty()) std::filesystem::create_directories(dir);
-      // One job per directory: another's saves would overwrite and prune ours.
-      lock_checkpoint_directory(dir.string());
+      prepare_directory(path);
       write_checkpoint_file(path, contents, state, world_size, rng, state_names, states);
       if (options.keep_last() > 0) keep_newest(path, options.prefix(), options.keep_last());
     } catch (const std::exception& error) {
       failure = error_line(error);
     }
   }
-  if (group) {
-    // Doubles as the barrier: no rank leaves before rank 0 has renamed the complete file.
-    at::Tensor ok = torch::tensor({failure.empty() ? 1 : 0}, at::kInt).to(collective_device(group));
-    broadcast(ok, 0, group);
-    if (rank != 0 && ok.cpu().item<int>() == 0) {
-      throw CheckpointError("rank 0 failed to save checkpoint " + path + " (its error is in rank 0's output)");
-    }
-  }
-  if (!failure.empty()) throw CheckpointError("cannot save checkpoint " + path + ": " + failure);
+  finish_save(path, failure, rank, group);
 }
 
-// Not collective: the contents, this rank's states and RNG from the file; the training state returned.
-TrainingState load_contents(const std::string& path, const LoadedContents& contents, const LoadOptions& options) {
-  const std::vector<char> zip = read_checkpoint_file(path);
+void restore_rank_state(SavedRecord& saved, const std::string& path, const LoadOptions& options);
+
+// Not collective: the contents, this rank's states and RNG from the file (already read: `zip`); the
+// training state returned.
+TrainingState load_contents(const std::vector<char>& zip, const std::string& path, const LoadedContents& contents,
+                            const LoadOptions& options) {
   SavedRecord saved;
   read_training_record(zip, path, saved);
   load_contents(zip, path, saved, contents, options);
+  restore_rank_state(saved, path, options);
+  return saved.state;
+}
 
+TrainingState load_contents(const std::string& path, const LoadedContents& contents, const LoadOptions& options) {
+  return load_contents(read_checkpoint_file(path), path, contents, options);
+}
+
+// This rank's states and RNG from the file's training record (`path` names it in errors).
+void restore_rank_state(SavedRecord& saved, const std::string& path, const LoadOptions& options) {
   const ProcessGroupPtr group = resolve_group(options.group());
   const int rank = group ? group->getRank() : 0;
   for (const auto& entry : options.states()) {
@@ -635,7 +761,6 @@ TrainingState load_contents(const std::string& path, const LoadedContents& conte
       }
     }
   }
-  return saved.state;
 }
 
 LoadedContents one_model(torch::nn::Module& module, torch::optim::Optimizer* optimizer) {
@@ -708,6 +833,383 @@ Restored load_if_exists(const std::string& path_or_dir, const LoadOptions& optio
   return restored;
 }
 
+// --- sharded checkpoints: every rank its own file, nothing gathered ----------------------------------
+// `path` is the index, written by rank 0 last; "<path>.rank-<r>-of-<W>" holds rank r's rows of every
+// parameter (its root object: the model's state_dict as that rank holds it, the shards, and the
+// buffers), its optimizer state of them, its RNG and states. Every file carries the save's id, so a
+// save that stopped halfway (some rank files replaced, the index not) is refused at load.
+
+std::string rank_file_path(const std::string& path, int64_t rank, int64_t world) {
+  return path + kRankFileInfix + std::to_string(rank) + "-of-" + std::to_string(world);
+}
+
+// A parameter as a matrix of rows (dim 0; a 0-dim parameter is one row of one element).
+int64_t row_numel_of(const std::vector<int64_t>& shape) {
+  int64_t numel = 1;
+  for (size_t d = 1; d < shape.size(); ++d) numel *= shape[d];
+  return numel;
+}
+
+// The shape of `rows` rows of a parameter of `shape`.
+std::vector<int64_t> rows_shape(const std::vector<int64_t>& shape, int64_t rows) {
+  std::vector<int64_t> local = shape.empty() ? std::vector<int64_t>{1} : shape;
+  local[0] = rows;
+  return local;
+}
+
+std::string sizes_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t d = 0; d < shape.size(); ++d) text += (d == 0 ? "" : ", ") + std::to_string(shape[d]);
+  return text + "]";
+}
+
+int64_t new_save_id() {
+  std::random_device device;  // not LibTorch's generator: a save must not move the training's random stream
+  return static_cast<int64_t>((static_cast<uint64_t>(device()) << 32) | device());
+}
+
+// The index's record: each parameter's name and whole shape, and the rows of each in each rank's
+// file (`table`: [W, 1 + 2P], columns 1.. the first rows, 1 + P.. the row counts).
+MoreFields index_fields(int64_t save_id, int64_t world, const std::vector<LocalShard>& shards, const at::Tensor& table) {
+  return [=](torch::serialize::OutputArchive& archive) {
+    std::vector<std::string> names;
+    std::vector<int64_t> ndims, sizes, first_rows, rows;
+    for (const auto& shard : shards) {
+      names.push_back(shard.name);
+      ndims.push_back(static_cast<int64_t>(shard.shape.size()));
+      sizes.insert(sizes.end(), shard.shape.begin(), shard.shape.end());
+    }
+    const auto count = static_cast<int64_t>(shards.size());
+    const auto cells = table.accessor<int64_t, 2>();
+    for (int64_t r = 0; r < world; ++r) {
+      for (int64_t i = 0; i < count; ++i) {
+        first_rows.push_back(cells[r][1 + i]);
+        rows.push_back(cells[r][1 + count + i]);
+      }
+    }
+    archive.write("sharded_save_id", c10::IValue(save_id));
+    archive.write("sharded_world_size", c10::IValue(world));
+    archive.write("sharded_names", c10::IValue(c10::List<std::string>(names)));
+    archive.write("sharded_ndims", c10::IValue(ndims));
+    archive.write("sharded_sizes", c10::IValue(sizes));
+    archive.write("sharded_first_rows", c10::IValue(first_rows));
+    archive.write("sharded_rows", c10::IValue(rows));
+  };
+}
+
+// Collective: broadcast, all_reduce and broadcast of a few integers; the parameters and the
+// optimizer's state stay where they are.
+void save_sharded(const std::string& path, const torch::nn::Module& module, ShardedState& sharded,
+                  const torch::optim::Optimizer* optimizer, const TrainingState& state,
+                  const CheckpointOptions& options) {
+  std::vector<std::string> state_names;
+  for (const auto& [name, own] : options.states()) {
+    if (own == nullptr) throw std::invalid_argument("save_checkpoint: the state named \"" + name + "\" is null");
+    state_names.push_back(name);
+  }
+  check_names(state_names, "save_checkpoint");
+  const ProcessGroupPtr group = resolve_group(options.group());
+  const int rank = group ? group->getRank() : 0;
+  const int64_t world = group ? group->getSize() : 1;
+  const at::Device device = group ? collective_device(group) : at::Device(at::kCPU);
+  const std::vector<LocalShard> shards = sharded.local_shards();
+
+  // 1. Rank 0 readies the directory and names this save.
+  std::string failure;
+  int64_t save_id = 0;
+  if (rank == 0) {
+    try {
+      prepare_directory(path);
+      save_id = new_save_id();
+    } catch (const std::exception& error) {
+      failure = error_line(error);
+    }
+  }
+  if (group) {
+    at::Tensor start = torch::tensor({failure.empty() ? int64_t{1} : int64_t{0}, save_id}, at::kLong).to(device);
+    broadcast(start, 0, group);
+    start = start.cpu();
+    if (rank != 0 && start[0].item<int64_t>() == 0) {
+      throw CheckpointError("rank 0 failed to save checkpoint " + path + " (its error is in rank 0's output)");
+    }
+    save_id = start[1].item<int64_t>();
+  }
+  if (!failure.empty()) throw CheckpointError("cannot save checkpoint " + path + ": " + failure);
+
+  // 2. Every rank writes its own file, crash-safely as a one-file checkpoint.
+  SavedContents contents;
+  contents.models.emplace_back("", &module);
+  if (optimizer != nullptr) contents.optimizers.emplace_back("", optimizer);
+  const std::string own_file = rank_file_path(path, rank, world);
+  try {
+    std::vector<RngState> rng;
+    if (options.save_rng()) rng.push_back(own_rng_state());
+    std::vector<std::vector<at::Tensor>> states;
+    if (!options.states().empty()) {
+      states.emplace_back();
+      for (const auto& entry : options.states()) states.back().push_back(pickled(entry.second->state_dict()));
+    }
+    write_checkpoint_file(own_file, contents, state, world, rng, state_names, states, static_cast<size_t>(rank),
+                          [&](torch::serialize::OutputArchive& archive) {
+                            archive.write("sharded_save_id", c10::IValue(save_id));
+                            archive.write("sharded_file_rank", c10::IValue(static_cast<int64_t>(rank)));
+                            archive.write("sharded_world_size", c10::IValue(world));
+                          });
+  } catch (const std::exception& error) {
+    failure = error_line(error);
+  }
+
+  // 3. Every rank learns whether every file is complete, and the rows each holds.
+  const auto count = static_cast<int64_t>(shards.size());
+  at::Tensor table = torch::zeros({world, 1 + 2 * count}, at::kLong);
+  {
+    auto cells = table.accessor<int64_t, 2>();
+    cells[rank][0] = failure.empty() ? 0 : 1;
+    for (int64_t i = 0; i < count; ++i) {
+      cells[rank][1 + i] = shards[i].first_row;
+      cells[rank][1 + count + i] = shards[i].rows;
+    }
+  }
+  if (group) {
+    at::Tensor summed = table.to(device);
+    all_reduce(summed, c10d::ReduceOp::SUM, group);
+    table = summed.cpu();
+  }
+  if (!failure.empty()) throw CheckpointError("cannot save checkpoint " + path + ": writing " + own_file + ": " + failure);
+  for (int64_t r = 0; r < world; ++r) {
+    if (table[r][0].item<int64_t>() != 0) {
+      throw CheckpointError("rank " + std::to_string(r) + " failed to write " + rank_file_path(path, r, world) +
+                            ", its file of checkpoint " + path + " (its error is in its output); " + path +
+                            " was not written");
+    }
+  }
+
+  // 4. Rank 0 writes the index once every rank's file is in place: its presence makes the files a
+  //    checkpoint. Then the barrier, as for one file.
+  if (rank == 0) {
+    try {
+      const std::string record = training_record(state, world, contents, {}, state_names, {}, 0,
+                                                 index_fields(save_id, world, shards, table));
+      std::vector<char> zip = make_state_dict_archive(StateDict(), {{kTrainingRecord, record}});
+      seal_archive(zip);
+      write_file_atomically(path, zip.data(), zip.size());
+      // Rank files of an earlier save into `path` at another world size.
+      const std::filesystem::path file(path);
+      const std::string mine = file.filename().string() + kRankFileInfix, current = "-of-" + std::to_string(world);
+      std::error_code ignored;
+      const std::filesystem::path dir = file.parent_path().empty() ? std::filesystem::path(".") : file.parent_path();
+      for (const auto& entry : std::filesystem::directory_iterator(dir, ignored)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind(mine, 0) == 0 && (name.size() < current.size() ||
+                                         name.compare(name.size() - current.size(), current.size(), current) != 0)) {
+          std::filesystem::remove(entry.path(), ignored);
+        }
+      }
+      if (options.keep_last() > 0) keep_newest(path, options.prefix(), options.keep_last());
+    } catch (const std::exception& error) {
+      failure = error_line(error);
+    }
+  }
+  finish_save(path, failure, rank, group);
+}
+
+// One rank's file of a sharded checkpoint, read and checked against the index.
+struct RankFile {
+  std::string path;
+  std::vector<char> zip;
+  SavedRecord saved;
+  StateDict tensors;
+};
+
+void read_rank_file(const std::string& path, const ShardedIndex& index, int64_t rank, const LoadOptions& options,
+                    RankFile& file) {
+  file.path = rank_file_path(path, rank, index.world);
+  const std::string whose = "the file of rank " + std::to_string(rank) + " of the " + std::to_string(index.world) +
+                            " that saved the sharded checkpoint " + path;
+  std::error_code error;
+  if (!std::filesystem::exists(file.path, error)) {
+    throw CheckpointError(file.path + " is missing: it is " + whose + ". Every rank reads the files it needs of "
+                          "every rank, so they must all lie beside " + path + " in a directory every rank sees; "
+                          "put it back, or load another checkpoint");
+  }
+  file.zip = read_checkpoint_file(file.path);  // names the file when truncated or damaged
+  read_training_record(file.zip, file.path, file.saved);
+  const auto& own = file.saved.shard_file;
+  if (!own || own->save_id != index.save_id || own->rank != rank || own->world != index.world) {
+    throw CheckpointError(file.path + " is not " + whose + ": it is another save's (a save into " + path +
+                          " that stopped before it completed replaced it); load another checkpoint");
+  }
+  file.tensors = parse_state_dict_archive(file.zip, file.path, options.map_location());
+}
+
+// A parameter this rank loads, assembled from the files' rows.
+struct Needed {
+  const LocalShard* shard = nullptr;
+  size_t saved = 0;  // its place in the index
+  int64_t row_numel = 1;
+  at::Tensor rows;                      // [shard->rows, row_numel]
+  std::vector<bool> covered;            // which of those rows a file gave
+  std::vector<at::Tensor> state_rows;   // the optimizer's state, tensor by tensor (undefined: not shard-shaped)
+};
+
+// Not collective: this rank's rows of every parameter and of their optimizer state from the files
+// that hold them (its own file alone when the world and layout are those it was saved at), its
+// RNG and states from its own file (rank 0's states for a rank the saving world did not have).
+TrainingState load_sharded(const std::string& path, const SavedRecord& index_record, torch::nn::Module& module,
+                           ShardedState& sharded, torch::optim::Optimizer* optimizer, const LoadOptions& options) {
+  const ShardedIndex& index = *index_record.sharded_index;
+  const ProcessGroupPtr group = resolve_group(options.group());
+  const int64_t rank = group ? group->getRank() : 0;
+  const auto count = static_cast<int64_t>(index.names.size());
+  if (optimizer != nullptr && index_record.optimizers.empty()) {
+    throw CheckpointError("checkpoint " + path + " holds no optimizer state");
+  }
+  const std::vector<LocalShard> shards = sharded.local_shards();
+  std::vector<Needed> needs;
+  std::vector<std::string> wrong_shape;
+  for (const auto& shard : shards) {
+    const auto found = std::find(index.names.begin(), index.names.end(), shard.name);
+    if (found == index.names.end()) continue;  // missing: load_state_dict names it
+    Needed need;
+    need.shard = &shard;
+    need.saved = static_cast<size_t>(found - index.names.begin());
+    if (index.shapes[need.saved] != shard.shape) {
+      wrong_shape.push_back(shard.name + " is " + sizes_text(index.shapes[need.saved]) + " in " + path + ", " +
+                            sizes_text(shard.shape) + " in the model");
+      continue;
+    }
+    need.row_numel = row_numel_of(shard.shape);
+    need.rows = at::zeros({shard.rows, need.row_numel}, at::TensorOptions().dtype(shard.tensor.scalar_type()));
+    need.covered.assign(static_cast<size_t>(shard.rows), false);
+    needs.push_back(std::move(need));
+  }
+  if (!wrong_shape.empty()) {
+    throw CheckpointError("checkpoint " + path + " does not match the model:\n  shape mismatch: " + joined_names(wrong_shape));
+  }
+  // The whole rows [from, to) of a parameter that rank r's file holds and this rank needs.
+  auto overlap = [&](const Needed& need, int64_t r) {
+    const size_t k = static_cast<size_t>(r * count) + need.saved;
+    const int64_t from = std::max(index.first_rows[k], need.shard->first_row);
+    const int64_t to = std::min(index.first_rows[k] + index.rows[k], need.shard->first_row + need.shard->rows);
+    return std::make_pair(from, std::max(from, to));
+  };
+  auto adds_rows = [&](int64_t r) {
+    for (const auto& need : needs) {
+      const auto [from, to] = overlap(need, r);
+      for (int64_t row = from; row < to; ++row) {
+        if (!need.covered[static_cast<size_t>(row - need.shard->first_row)]) return true;
+      }
+    }
+    return false;
+  };
+  const int64_t home = rank < index.world ? rank : 0;
+  bool same_layout = rank < index.world;  // this rank's file holds exactly its rows
+  for (const auto& need : needs) {
+    const size_t k = static_cast<size_t>(rank * count) + need.saved;
+    same_layout = same_layout && index.first_rows[k] == need.shard->first_row && index.rows[k] == need.shard->rows;
+  }
+  const ParameterNames name_of = parameter_names(one_model(module, optimizer));
+  auto take_state_rows = [&](int64_t r) {
+    auto& states = optimizer->state();
+    for (auto& need : needs) {
+      const auto found = states.find(compat::optimizer_state_key(states, need.shard->tensor));
+      if (found == states.end()) continue;  // never stepped
+      const size_t k = static_cast<size_t>(r * count) + need.saved;
+      const auto saved_shape = rows_shape(need.shard->shape, index.rows[k]);
+      const auto [from, to] = overlap(need, r);
+      size_t slot = 0;
+      const bool known = detail::for_each_state_tensor(*found->second, [&](at::Tensor& tensor) {
+        if (need.state_rows.size() <= slot) need.state_rows.emplace_back();
+        at::Tensor& rows = need.state_rows[slot++];
+        if (!tensor.defined() || !tensor.sizes().equals(saved_shape)) return;
+        if (!rows.defined()) rows = at::zeros({need.shard->rows, need.row_numel}, tensor.options());
+        if (to > from) {
+          rows.narrow(0, from - need.shard->first_row, to - from)
+              .copy_(tensor.reshape({index.rows[k], need.row_numel}).narrow(0, from - index.first_rows[k], to - from));
+        }
+      });
+      if (!known) {
+        throw CheckpointError("checkpoint " + path + " was saved at another world size or layout, and the state of " +
+                              optimizer_type(*optimizer) + " cannot be cut into new shards (its tensors are not known "
+                              "here): load it at the world size it was saved at");
+      }
+    }
+  };
+
+  StateDict loaded;  // what goes into the model: the assembled shards, then the buffers
+  std::unique_ptr<RankFile> home_file;
+  std::vector<int64_t> order{home};
+  for (int64_t r = 0; r < index.world; ++r) {
+    if (r != home) order.push_back(r);
+  }
+  for (const int64_t r : order) {
+    if (r != home && !adds_rows(r)) continue;
+    auto file = std::make_unique<RankFile>();
+    read_rank_file(path, index, r, options, *file);
+    for (auto& need : needs) {
+      const std::string& name = need.shard->name;
+      const size_t k = static_cast<size_t>(r * count) + need.saved;
+      const at::Tensor* saved = file->tensors.find(name);
+      if (saved == nullptr) {
+        throw CheckpointError(file->path + " lacks the parameter " + name + ", which its index " + path + " lists");
+      }
+      const auto expected = rows_shape(need.shard->shape, index.rows[k]);
+      if (!saved->sizes().equals(expected)) {
+        throw CheckpointError(file->path + " holds " + name + " of shape " + shape_of(*saved) + ", where its index " +
+                              path + " says " + sizes_text(expected));
+      }
+      const auto [from, to] = overlap(need, r);
+      if (to == from) continue;
+      need.rows.narrow(0, from - need.shard->first_row, to - from)
+          .copy_(saved->reshape({index.rows[k], need.row_numel}).narrow(0, from - index.first_rows[k], to - from));
+      for (int64_t row = from; row < to; ++row) need.covered[static_cast<size_t>(row - need.shard->first_row)] = true;
+    }
+    if (optimizer != nullptr) {
+      if (file->saved.optimizers.empty()) {
+        throw CheckpointError(file->path + " holds no optimizer state, which its index " + path + " lists");
+      }
+      load_optimizer(file->zip, file->path, file->saved.optimizers.front(), kOptimizerRecord, "", *optimizer, options,
+                     name_of, /*check_fits=*/same_layout);
+      if (!same_layout) take_state_rows(r);
+    }
+    if (r == home) home_file = std::move(file);
+  }
+  for (const auto& need : needs) {
+    const auto missing = std::find(need.covered.begin(), need.covered.end(), false);
+    if (missing != need.covered.end()) {
+      throw CheckpointError("checkpoint " + path + " is damaged: no rank file holds row " +
+                            std::to_string(need.shard->first_row + (missing - need.covered.begin())) + " of " +
+                            need.shard->name);
+    }
+    loaded.insert(need.shard->name, need.rows.view(need.shard->tensor.sizes()));
+  }
+  for (const auto& item : home_file->tensors) {
+    if (loaded.find(item.key()) == nullptr) loaded.insert(item.key(), item.value());  // buffers
+  }
+  load_state_dict(module, loaded, options.strict(), "checkpoint " + path);
+  if (optimizer != nullptr && !same_layout) {
+    auto& states = optimizer->state();
+    for (auto& need : needs) {
+      const auto found = states.find(compat::optimizer_state_key(states, need.shard->tensor));
+      if (found == states.end()) continue;
+      size_t slot = 0;
+      detail::for_each_state_tensor(*found->second, [&](at::Tensor& tensor) {
+        const size_t k = slot++;
+        if (k < need.state_rows.size() && need.state_rows[k].defined()) {
+          tensor = need.state_rows[k].view(need.shard->tensor.sizes()).to(need.shard->tensor.device());
+        }
+      });
+    }
+    try {
+      check_state_fits_parameters(*optimizer, name_of);
+    } catch (const std::invalid_argument& error) {
+      throw CheckpointError("the optimizer state in " + path + " is refused: " + error.what());
+    }
+  }
+  restore_rank_state(home_file->saved, home_file->path, options);
+  return index_record.state;
+}
+
 }  // namespace
 
 void save_checkpoint(const std::string& path, const torch::nn::Module& module,
@@ -776,5 +1278,43 @@ std::optional<std::string> latest_checkpoint(const std::string& dir, const std::
   }
   return std::nullopt;
 }
+
+namespace detail {
+
+void save_model_checkpoint(const std::string& path, const torch::nn::Module& module, ShardedState* sharded,
+                           const torch::optim::Optimizer* optimizer, const TrainingState& state,
+                           const CheckpointOptions& options) {
+  if (sharded != nullptr && !options.full_state_dict()) {
+    save_sharded(path, module, *sharded, optimizer, state, options);
+    return;
+  }
+  WholeWhileAlive whole(sharded, const_cast<torch::optim::Optimizer*>(optimizer));
+  save_checkpoint(path, module, optimizer, state, options);
+}
+
+TrainingState load_model_checkpoint(const std::string& path, torch::nn::Module& module, ShardedState* sharded,
+                                    torch::optim::Optimizer* optimizer, const LoadOptions& options) {
+  if (sharded == nullptr) return load_checkpoint(path, module, optimizer, options);
+  check_names(state_names_of(options), "load_checkpoint");
+  // Which format decides whether the model is gathered: the file is read first.
+  const std::vector<char> zip = read_checkpoint_file(path);
+  SavedRecord saved;
+  read_training_record(zip, path, saved);
+  if (saved.sharded_index) return load_sharded(path, saved, module, *sharded, optimizer, options);
+  WholeWhileAlive whole(sharded, optimizer);
+  TrainingState loaded = load_contents(zip, path, one_model(module, optimizer), options);
+  whole.keep();
+  return loaded;
+}
+
+Restored load_model_checkpoint_if_exists(const std::string& path_or_dir, torch::nn::Module& module,
+                                         ShardedState* sharded, torch::optim::Optimizer* optimizer,
+                                         const LoadOptions& options) {
+  return load_if_exists(path_or_dir, options, [&](const std::string& path) {
+    return load_model_checkpoint(path, module, sharded, optimizer, options);
+  });
+}
+
+}  // namespace detail
 
 }  // namespace ddp

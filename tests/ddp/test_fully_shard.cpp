@@ -2,6 +2,10 @@
 // (SGD and Adam, W = 2 and 3, reshard_after_forward on and off, gradient accumulation), HSDP on a
 // 2 x 2 mesh equals DDP, bf16 mixed precision stays near float32, the shards really are 1/W, and
 // every refusal names what was wrong.
+#include <cstdlib>
+#include <filesystem>
+#include <type_traits>
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -287,6 +291,159 @@ TEST(FullyShard, ACheckpointSavedAtTwoRanksResumesAtThree) {
   options.shared_dir = make_temp_dir("fsdp-checkpoint");
   EXPECT_WORKERS_OK(run_workers("fsdp_checkpoint_save", 2, options));
   EXPECT_WORKERS_OK(run_workers("fsdp_checkpoint_resume", 3, options));
+  remove_tree(options.shared_dir);
+}
+
+// --- sharded checkpoints: one file per rank, nothing gathered ----------------------------------------
+
+// ProcessGroup::setSequenceNumberForGroup() starts the group's count of collectives in 1.13 and
+// 2.6; 2.15's counts from 0 on every rank without it.
+template <typename G, typename = void>
+struct sets_sequence_number : std::false_type {};
+template <typename G>
+struct sets_sequence_number<G, std::void_t<decltype(std::declval<G&>().setSequenceNumberForGroup())>>
+    : std::true_type {};
+template <typename G>
+void start_sequence_number(const c10::intrusive_ptr<G>& group) {
+  if constexpr (sets_sequence_number<G>::value) group->setSequenceNumberForGroup();
+}
+
+// How many collectives `call` issued on the default group: Gloo advances the group's sequence
+// number once per collective (the workers run with shared memory off, which does not count).
+template <typename Call>
+uint64_t collectives_of(const ddp::ProcessGroupPtr& group, Call&& call) {
+  const uint64_t before = group->getSequenceNumberForGroup();
+  call();
+  return group->getSequenceNumberForGroup() - before;
+}
+
+std::string sharded_path() { return shared_dir() + "/sharded-" + std::getenv("SAVED_AT") + ".pt"; }
+
+// Five Adam steps at this world size, then a sharded checkpoint: every rank writes its own rows,
+// and saving issues a few collectives of its own, not one per parameter as the full format's
+// gather does (the same model saved full, for comparison, in the same run).
+DDP_WORKER(fsdp_sharded_save) {
+  auto group = worker_init();
+  start_sequence_number(group);
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  torch::manual_seed(21);
+  ShardNet net(7);
+  auto model = shard_net(net);
+  torch::optim::Adam optimizer(net->parameters(), 0.01);
+  train_steps(model, optimizer, 0, 5);
+  const auto sharded = ddp::CheckpointOptions().full_state_dict(false);
+  const uint64_t sharded_collectives = collectives_of(group, [&] {
+    ddp::save_checkpoint(sharded_path(), model, &optimizer, ddp::TrainingState{0, 5}, sharded);
+  });
+  const uint64_t full_collectives = collectives_of(group, [&] {
+    ddp::save_checkpoint(shared_dir() + "/full.pt", model, &optimizer, ddp::TrainingState{0, 5});
+  });
+  const auto parameters = static_cast<uint64_t>(net->parameters().size());
+  require(full_collectives >= parameters, "the full save issued " + std::to_string(full_collectives) +
+                                              " collectives for " + std::to_string(parameters) + " parameters");
+  require(sharded_collectives <= 3, "the sharded save issued " + std::to_string(sharded_collectives) +
+                                        " collectives (the full one " + std::to_string(full_collectives) + ")");
+  // This rank's file holds its rows alone: in.weight's 11 rows cut in ceil(11 / W).
+  const std::string own = sharded_path() + ".rank-" + std::to_string(rank) + "-of-" + std::to_string(world);
+  const auto rows = ddp::load_state_dict(own).find("in.weight")->size(0);
+  const int64_t chunk = (11 + world - 1) / world;
+  require(rows == std::min<int64_t>(chunk, 11 - rank * chunk), own + " holds " + std::to_string(rows) + " rows of in.weight");
+  require(net->in->weight.size(0) == std::min<int64_t>(chunk, 11 - rank * chunk), "the shards changed by saving");
+}
+
+// At this world size: the sharded checkpoint loaded into new shards, five more steps, against ten
+// uninterrupted steps at this world size.
+DDP_WORKER(fsdp_sharded_resume) {
+  worker_init();
+  const int saved_at = std::atoi(std::getenv("SAVED_AT"));
+  torch::manual_seed(21);
+  ShardNet resumed_net(7), straight_net(7);
+  copy_parameters(*resumed_net, *straight_net);
+  auto resumed = shard_net(resumed_net);
+  torch::optim::Adam resumed_optimizer(resumed_net->parameters(), 0.01);
+  const auto state = ddp::load_checkpoint(sharded_path(), resumed, &resumed_optimizer);
+  require(state.global_step == 5 && state.world_size == saved_at, "the training state did not come back");
+  train_steps(resumed, resumed_optimizer, 5, 10);
+  auto straight = shard_net(straight_net);
+  torch::optim::Adam straight_optimizer(straight_net->parameters(), 0.01);
+  train_steps(straight, straight_optimizer, 0, 10);
+  const auto want = straight.full_state_dict();
+  double worst = 0;
+  for (const auto& item : resumed.full_state_dict()) {
+    worst = std::max(worst, (item.value() - *want.find(item.key())).abs().max().item<double>());
+  }
+  require(worst <= 1e-6, "saved sharded at W=" + std::to_string(saved_at) + ", resumed at W=" +
+                             std::to_string(ddp::get_world_size()) + ": differs from an uninterrupted run by " +
+                             std::to_string(worst));
+}
+TEST(FullyShard, AShardedCheckpointResumesAtTheSameAndAtOtherWorldSizes) {
+  for (const auto& [saved_at, resumed_at] : std::vector<std::pair<int, std::vector<int>>>{{2, {2, 3}}, {3, {2}}}) {
+    RunOptions options;
+    options.shared_dir = make_temp_dir("fsdp-sharded");
+    options.env["SAVED_AT"] = std::to_string(saved_at);
+    RunOptions counted = options;
+    counted.env["TORCHDDP_SHM"] = "0";
+    EXPECT_WORKERS_OK(run_workers("fsdp_sharded_save", saved_at, counted));
+    for (const int world : resumed_at) EXPECT_WORKERS_OK(run_workers("fsdp_sharded_resume", world, options));
+    remove_tree(options.shared_dir);
+  }
+}
+
+// Loading reads only the files it needs (at the saving world size: this rank's own), and each file
+// it cannot use is named: a missing one, another save's, a damaged one; a plain module is told
+// which format it met.
+DDP_WORKER(fsdp_sharded_refusals) {
+  worker_init();
+  const int rank = ddp::get_rank();
+  const std::string path = sharded_path();
+  const std::string second = path + ".rank-1-of-2";
+  torch::manual_seed(21);
+  ShardNet net(7);
+  auto model = shard_net(net);
+  torch::optim::Adam optimizer(net->parameters(), 0.01);
+  train_steps(model, optimizer, 0, 2);
+  const auto sharded = ddp::CheckpointOptions().full_state_dict(false);
+  ddp::save_checkpoint(path, model, &optimizer, ddp::TrainingState{0, 2}, sharded);
+  ShardNet plain(7);
+  require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(path, plain, nullptr); }, "full_state_dict(false)",
+                                       "a sharded checkpoint loaded into a plain module");
+  require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(second, plain, nullptr); },
+                                       "is the file of rank 1 of 2 of a sharded checkpoint",
+                                       "a rank file loaded as a checkpoint");
+  // Another save's file of rank 1 (what a save that stopped after rank 1 wrote leaves).
+  if (rank == 1) std::filesystem::copy_file(second, path + ".earlier");
+  ddp::barrier();
+  ddp::save_checkpoint(path, model, &optimizer, ddp::TrainingState{0, 2}, sharded);
+  if (rank == 1) {
+    std::filesystem::rename(path + ".earlier", second);
+    require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(path, model, &optimizer); },
+                                         second + " is not the file of rank 1", "another save's rank file");
+  }
+  ddp::barrier();
+  ddp::save_checkpoint(path, model, &optimizer, ddp::TrainingState{0, 2}, sharded);
+  if (rank == 1) {
+    std::filesystem::resize_file(second, std::filesystem::file_size(second) - 10);
+    require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(path, model, &optimizer); }, second,
+                                         "a truncated rank file");
+  }
+  ddp::barrier();
+  ddp::save_checkpoint(path, model, &optimizer, ddp::TrainingState{0, 2}, sharded);
+  ddp::barrier();
+  if (rank == 1) std::filesystem::remove(second);
+  ddp::barrier();
+  if (rank == 0) {
+    ddp::load_checkpoint(path, model, &optimizer);  // rank 0 reads its own file alone
+  } else {
+    require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(path, model, &optimizer); },
+                                         second + " is missing: it is the file of rank 1 of the 2",
+                                         "a missing rank file");
+  }
+}
+TEST(FullyShard, AShardedCheckpointNamesTheFileItCannotUse) {
+  RunOptions options;
+  options.shared_dir = make_temp_dir("fsdp-sharded-refusals");
+  options.env["SAVED_AT"] = "2";
+  EXPECT_WORKERS_OK(run_workers("fsdp_sharded_refusals", 2, options));
   remove_tree(options.shared_dir);
 }
 

@@ -23,7 +23,9 @@
 // ddp::DistributedDataParallel (its bare module is saved, so one checkpoint fits both), or
 // ddp::fully_shard's FSDPModule (the root's): saved whole, as the same model unsharded would be
 // (gathered on every rank first, shards of the optimizer's state too), and loaded into the shards
-// of any world size; save and load are then collective on every rank of its group.
+// of any world size; save and load are then collective on every rank of its group. With
+// CheckpointOptions().full_state_dict(false) it is saved sharded instead, nothing gathered: one
+// file per rank beside `path`, loaded by the same load_checkpoint call at any world size.
 //
 // One file: a PyTorch zip archive whose root object is the model's plain state_dict (Python:
 // torch.load(path) returns it, tensors on CPU), or for named models {name: state_dict} (Python:
@@ -76,6 +78,16 @@ struct CheckpointOptions {
   TORCH_ARG(std::string, prefix) = "checkpoint";
   // Save every rank's RNG states (CPU generator, and the current CUDA device's when available).
   TORCH_ARG(bool, save_rng) = true;
+  // For a model sharded by ddp::fully_shard (its FSDPModule), PyTorch's
+  // StateDictOptions(full_state_dict=...): true writes the whole model into one file, gathered on
+  // every rank (Python's torch.load reads it; it loads into any model, sharded or not); false
+  // writes a sharded checkpoint, nothing gathered: every rank its own file "<path>.rank-<r>-of-<W>"
+  // with its rows of every parameter and of their optimizer state, its RNG and states, and `path`
+  // itself, written by rank 0 once every rank's file is complete, the index a load needs (each
+  // parameter's full shape, the rows each file holds). load_checkpoint tells the two apart; a
+  // sharded checkpoint loads into the fully_shard model at any world size. Ignored for a model
+  // that is not sharded (its one file is the same either way).
+  TORCH_ARG(bool, full_state_dict) = true;
 
  public:
   // Also save `state` (a GradScaler, a comm hook's state, ...) under `name`: every rank's own
@@ -213,6 +225,14 @@ class WholeWhileAlive {
   bool keep_ = false;
 };
 
+// The save and load of one model that may be sharded (`sharded` null when it is not): the single
+// model calls below with the sharded model's gather around them, or the sharded format.
+void save_model_checkpoint(const std::string& path, const torch::nn::Module& module, ShardedState* sharded,
+                           const torch::optim::Optimizer* optimizer, const TrainingState& state,
+                           const CheckpointOptions& options);
+TrainingState load_model_checkpoint(const std::string& path, torch::nn::Module& module, ShardedState* sharded,
+                                    torch::optim::Optimizer* optimizer, const LoadOptions& options);
+
 // The module a model names (throws std::invalid_argument for an empty one).
 template <typename Model>
 torch::nn::Module& module_of(Model& model) {
@@ -252,8 +272,8 @@ void save_checkpoint(const std::string& path, const Model& model, const torch::o
   if (const Stateful* hook_state = detail::comm_hook_state_of(model)) {
     with_hook.state(detail::kCommHookStateName, hook_state);
   }
-  detail::WholeWhileAlive whole(detail::sharded_state_of(model), const_cast<torch::optim::Optimizer*>(optimizer));
-  save_checkpoint(path, static_cast<const torch::nn::Module&>(detail::module_of(model)), optimizer, state, with_hook);
+  detail::save_model_checkpoint(path, static_cast<const torch::nn::Module&>(detail::module_of(model)),
+                                detail::sharded_state_of(model), optimizer, state, with_hook);
 }
 template <typename Model, typename = std::enable_if_t<detail::is_module_handle<Model>>>
 TrainingState load_checkpoint(const std::string& path, const Model& model, torch::optim::Optimizer* optimizer,
@@ -262,10 +282,8 @@ TrainingState load_checkpoint(const std::string& path, const Model& model, torch
   if (Stateful* hook_state = detail::comm_hook_state_of(model)) {
     with_hook.optional_state(detail::kCommHookStateName, hook_state);
   }
-  detail::WholeWhileAlive whole(detail::sharded_state_of(model), optimizer);
-  TrainingState loaded = load_checkpoint(path, detail::module_of(model), optimizer, with_hook);
-  whole.keep();
-  return loaded;
+  return detail::load_model_checkpoint(path, detail::module_of(model), detail::sharded_state_of(model), optimizer,
+                                       with_hook);
 }
 
 // --- several models, optimizers and states in one checkpoint, by name -----------------------------
@@ -345,7 +363,12 @@ class CheckpointEntry {
   template <typename Model, typename = std::enable_if_t<detail::is_model<std::remove_const_t<Model>>>>
   CheckpointEntry(std::string name, Model& model)
       : name_(std::move(name)), kind_(Kind::kModel), module_(&detail::module_of(model)),
-        comm_hook_state_(detail::comm_hook_state_of(model)) {}
+        comm_hook_state_(detail::comm_hook_state_of(model)) {
+    static_assert(!detail::HasShardedState<std::remove_const_t<Model>>::value,
+                  "a model sharded by ddp::fully_shard (its FSDPModule) is checkpointed by the one-model "
+                  "save_checkpoint(path, model, &optimizer, state) and load_checkpoint(path, model, &optimizer): "
+                  "a named entry would hold this rank's shards as if they were the model");
+  }
   CheckpointEntry(std::string name, torch::optim::Optimizer& optimizer)
       : name_(std::move(name)), kind_(Kind::kOptimizer), optimizer_(&optimizer) {}
   CheckpointEntry(std::string name, Stateful& state) : name_(std::move(name)), kind_(Kind::kState), state_(&state) {}
@@ -423,6 +446,11 @@ Restored load_checkpoint_if_exists(const std::string& path_or_dir, torch::nn::Mo
                                    torch::optim::Optimizer* optimizer, const LoadOptions& options = {});
 Restored load_checkpoint_if_exists(const std::string& path_or_dir, const std::vector<CheckpointEntry>& entries,
                                    const LoadOptions& options = {});
+namespace detail {
+Restored load_model_checkpoint_if_exists(const std::string& path_or_dir, torch::nn::Module& module,
+                                         ShardedState* sharded, torch::optim::Optimizer* optimizer,
+                                         const LoadOptions& options);
+}  // namespace detail
 template <typename Model, typename = std::enable_if_t<detail::is_module_handle<Model>>>
 Restored load_checkpoint_if_exists(const std::string& path_or_dir, const Model& model,
                                    torch::optim::Optimizer* optimizer, const LoadOptions& options = {}) {
@@ -430,10 +458,8 @@ Restored load_checkpoint_if_exists(const std::string& path_or_dir, const Model& 
   if (Stateful* hook_state = detail::comm_hook_state_of(model)) {
     with_hook.optional_state(detail::kCommHookStateName, hook_state);
   }
-  detail::WholeWhileAlive whole(detail::sharded_state_of(model), optimizer);
-  Restored restored = load_checkpoint_if_exists(path_or_dir, detail::module_of(model), optimizer, with_hook);
-  whole.keep();
-  return restored;
+  return detail::load_model_checkpoint_if_exists(path_or_dir, detail::module_of(model), detail::sharded_state_of(model),
+                                                 optimizer, with_hook);
 }
 
 }  // namespace ddp

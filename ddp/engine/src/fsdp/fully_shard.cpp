@@ -1,5 +1,6 @@
 // fully_shard's entry points: which parameters one call takes (and the refusals), the registry
 // sharded_forward finds a block's unit in, and the tree a root adopts its blocks into.
+#include <algorithm>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -212,6 +213,26 @@ class WholeModel final : public ShardedState {
   }
   void shard_again(torch::optim::Optimizer* optimizer, bool take_whole) override {
     for (const auto& unit : units()) unit->shard_again(optimizer, take_whole);
+  }
+  std::vector<LocalShard> local_shards() override {
+    const auto all = units();
+    for (const auto& unit : all) unit->reshard();
+    std::vector<LocalShard> shards;
+    auto root = root_.lock();
+    if (!root) return shards;
+    auto module = root->module();
+    if (!module) return shards;
+    for (const auto& item : module->named_parameters(/*recurse=*/true)) {
+      for (const auto& unit : all) {
+        const size_t i = unit->index_of(item.value());
+        if (i == unit->names().size()) continue;
+        const ShardSlot& slot = unit->layout().slots()[i];
+        const int64_t first_row = std::min(unit->layout().rank() * slot.chunk_rows, slot.rows);  // an empty chunk: at the end
+        shards.push_back({item.key(), item.value(), slot.shape, first_row, slot.local_rows});
+        break;
+      }
+    }
+    return shards;
   }
 
  private:

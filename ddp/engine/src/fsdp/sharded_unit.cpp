@@ -489,11 +489,13 @@ int64_t ShardedUnit::shard_grad_bytes() const {
   return bytes;
 }
 
-bool ShardedUnit::owns(const at::Tensor& param) const {
-  for (const auto& mine : params_) {
-    if (mine.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return true;
+bool ShardedUnit::owns(const at::Tensor& param) const { return index_of(param) < params_.size(); }
+
+size_t ShardedUnit::index_of(const at::Tensor& param) const {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return i;
   }
-  return false;
+  return params_.size();
 }
 
 bool ShardedUnit::is_of(const torch::nn::Module& module) const {

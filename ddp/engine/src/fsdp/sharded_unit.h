@@ -67,6 +67,9 @@ class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
   void set_requires_gradient_sync(bool sync) { requires_sync_ = sync; }
 
   bool owns(const at::Tensor& param) const;
+  // Which of this unit's parameters `param` is (params_.size() when none).
+  size_t index_of(const at::Tensor& param) const;
+  const ShardLayout& layout() const { return layout_; }
   bool is_of(const torch::nn::Module& module) const;
   bool module_alive() const { return !module_.expired(); }
   std::shared_ptr<torch::nn::Module> module() const { return module_.lock(); }
