@@ -337,55 +337,37 @@ void run_allreduce_shared_numerics(int world) {
 TEST(ShmCommunicator, AllreduceSharedMatchesTheReferenceAtTwoRanks) { run_allreduce_shared_numerics(2); }
 TEST(ShmCommunicator, AllreduceSharedMatchesTheReferenceAtThreeRanks) { run_allreduce_shared_numerics(3); }
 
-// The step across the hosts of a hierarchical allreduce (issue 29), faked: "another host" that
-// holds the same data as this one, so a SUM across the two hosts doubles each piece. It checks what
-// allreduce_shared hands it: pieces of this rank's slice, in order, covering it, none larger than
-// kRelayPieceBytes, at most kRelayPiecesInFlight at a time. With `fail_at` it throws, as a failed
-// Gloo allreduce would, when it finishes that piece (counting from 1).
-class TwinHost final : public shm::Relay {
- public:
-  TwinHost(float* slice_begin, float* slice_end, int fail_at) : next_(slice_begin), end_(slice_end), fail_at_(fail_at) {}
-  void start(void* data, std::size_t count) override {
-    auto* first = static_cast<float*>(data);
-    if (first != next_) problems_ += "a piece does not start where the one before ended; ";
-    if (count == 0 || count * sizeof(float) > shm::Communicator::kRelayPieceBytes) problems_ += "a piece of " + std::to_string(count) + " floats; ";
-    next_ = first + count;
-    crossing_.emplace_back(first, count);
-    if (crossing_.size() > static_cast<std::size_t>(shm::Communicator::kRelayPiecesInFlight)) problems_ += "too many pieces in flight; ";
+// allreduce_shared in steps (Communicator::start_shared), as a hierarchical allreduce runs it: the
+// slice in pieces of `piece` elements, each reduced, then handed to `work(first, n)` (the step
+// across the hosts), then copied to the peers. A failure in `work` is this rank's (fail_with).
+void allreduce_shared_in_pieces(shm::Communicator& comm, const shm::SharedArray& array, std::size_t count, double scale,
+                                std::size_t piece, const std::function<void(std::size_t, std::size_t)>& work) {
+  shm::SharedSlice slice = comm.start_shared(array, 0, count, shm::DType::kFloat32, shm::Op::kSum, scale, true);
+  try {
+    for (std::size_t first = slice.begin(); first < slice.end(); first += piece) {
+      const std::size_t n = std::min(piece, slice.end() - first);
+      slice.reduce(first, n);
+      work(first, n);
+      slice.copy_to_peers(first, n);
+    }
+  } catch (const std::exception& e) {
+    throw comm.fail_with(e);
   }
-  void finish() override {
-    if (crossing_.empty()) throw std::logic_error("finish() with no piece in flight");
-    const auto [first, count] = crossing_.front();
-    crossing_.pop_front();
-    if (++finished_ == fail_at_) throw shm::PeerError(1, "rank 1: the step across hosts failed");
-    for (std::size_t i = 0; i < count; ++i) first[i] *= 2;
-  }
-  // "" when the pieces covered the slice and none is left in flight.
-  std::string problems() const {
-    return problems_ + (next_ != end_ ? "the pieces do not cover the slice; " : "") +
-           (crossing_.empty() ? "" : "pieces left in flight; ");
-  }
-  int pieces() const { return finished_; }
+  comm.finish_shared();
+}
 
- private:
-  float* next_;
-  float* end_;
-  int fail_at_;
-  int finished_ = 0;
-  std::deque<std::pair<float*, std::size_t>> crossing_;
-  std::string problems_;
-};
-
-// allreduce_shared with a relay: each rank's slice, reduced inside the "host", crosses in pieces
-// (several per slice, the last one short) and lands in every rank's part: the result is the
-// reference (float32 SUM scaled by 1/2, doubled across the twin hosts), the same bits on every
-// rank. Then rank 1's relay fails on its second piece: rank 1 throws that error and its peers,
-// waiting for it, fail at once with it.
-TEST(ShmCommunicator, AllreduceSharedWithARelayHandsItEachSliceInPieces) {
+// allreduce_shared in steps: each rank's slice (its part()), reduced inside the "host", goes
+// through the caller's step in pieces (several per slice, the last one short) - here "another
+// host" that holds the same data, so a SUM across the two doubles each piece - and lands in every
+// rank's part: the result is the reference (float32 SUM scaled by 1/2, doubled across the twin
+// hosts), the same bits on every rank. Then rank 1's step fails on its second piece: rank 1
+// throws that error and its peers, waiting for it, fail at once with it.
+TEST(ShmCommunicator, AllreduceSharedInStepsHandsTheCallerEachSliceInPieces) {
   constexpr int kWorld = 3;
   const Format& float32 = kFormats[0];
+  constexpr std::size_t kPiece = (std::size_t{1} << 20) / sizeof(float);
   // Every slice 2.5 pieces and some, and slices that are not equal.
-  const std::size_t count = kWorld * (shm::Communicator::kRelayPieceBytes / sizeof(float)) * 5 / 2 + 11;
+  const std::size_t count = kWorld * kPiece * 5 / 2 + 11;
   Scratch scratch;
   const auto outcomes = run_ranks(kWorld, scratch, [&](int rank) -> std::string {
     FileRendezvous rendezvous(scratch.folder);
@@ -394,17 +376,26 @@ TEST(ShmCommunicator, AllreduceSharedWithARelayHandsItEachSliceInPieces) {
     auto* mine = static_cast<float*>(array->mine());
     const auto [begin, end] = comm.part(rank, count, shm::DType::kFloat32);
     for (std::size_t i = 0; i < count; ++i) make_element(float32, shm::Op::kSum, 5, rank, i, mine);
-    TwinHost twin(mine + begin, mine + end, -1);
-    comm.allreduce_shared(*array, 0, count, shm::DType::kFloat32, shm::Op::kSum, 0.5, &twin);
-    std::string report = twin.problems();
-    if (twin.pieces() < 3) report += "only " + std::to_string(twin.pieces()) + " pieces; ";
+    std::string report;
+    std::size_t next = begin;
+    int pieces = 0;
+    allreduce_shared_in_pieces(comm, *array, count, 0.5, kPiece, [&](std::size_t first, std::size_t n) {
+      if (first != next) report += "a piece does not start where the one before ended; ";
+      next = first + n;
+      ++pieces;
+      for (std::size_t i = first; i < first + n; ++i) mine[i] *= 2;
+    });
+    if (next != end) report += "the pieces do not cover the slice; ";
+    if (pieces < 3) report += "only " + std::to_string(pieces) + " pieces; ";
     report += compare_with_reference(float32, shm::Op::kSum, 5, kWorld, 1.0, mine, 0, count);
     report += "\nHASH " + std::to_string(fnv1a(mine, count * sizeof(float))) + "\n";
 
-    TwinHost failing(mine + begin, mine + end, rank == 1 ? 2 : -1);
+    int crossed = 0;
     try {
-      comm.allreduce_shared(*array, 0, count, shm::DType::kFloat32, shm::Op::kSum, 0.5, &failing);
-      report += "the failing relay's allreduce_shared did not throw";
+      allreduce_shared_in_pieces(comm, *array, count, 0.5, kPiece, [&](std::size_t, std::size_t) {
+        if (rank == 1 && ++crossed == 2) throw shm::PeerError(1, "rank 1: the step across hosts failed");
+      });
+      report += "the failing step's allreduce_shared did not throw";
     } catch (const shm::PeerError& e) {
       if (std::string(e.what()) != "rank 1: the step across hosts failed") report += std::string("wrong error: ") + e.what();
     }
@@ -810,23 +801,10 @@ TEST(ShmCommunicator, FrozenRankIsNamedAfterTheTimeout) {
 }
 
 // Errors blame the rank at fault, not one that waited for it. (1) Rank 1's step across the hosts
-// (a relay) holds it past the timeout and then fails naming a rank on the other host: its peers,
-// which waited for rank 1, fail with that error, not "rank 1 did not arrive". (2) Rank 2 is stopped
-// and rank 1 is late, running: rank 0's error blames the stopped rank, naming it first.
-class HeldUpRelay final : public shm::Relay {
- public:
-  explicit HeldUpRelay(std::chrono::milliseconds hold) : hold_(hold) {}
-  void start(void*, std::size_t) override {}
-  void finish() override {
-    if (hold_.count() == 0) return;
-    std::this_thread::sleep_for(hold_);
-    throw shm::PeerError(1, "rank 9 (pid 99, stopped) did not arrive within 600 ms; rank 8 was in allreduce_shared #1");
-  }
-
- private:
-  std::chrono::milliseconds hold_;
-};
-
+// (between start_shared and finish_shared) holds it past the timeout and then fails naming a rank
+// on the other host: its peers, which waited for rank 1, fail with that error, not "rank 1 did not
+// arrive". (2) Rank 2 is stopped and rank 1 is late, running: rank 0's error blames the stopped
+// rank, naming it first.
 // Whether `pid` is stopped, by /proc.
 bool is_stopped(pid_t pid) {
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
@@ -864,10 +842,13 @@ TEST(ShmCommunicator, ErrorsBlameTheRankAtFaultNotOneThatWaited) {
     {
       shm::Communicator comm(rendezvous, scratch.prefix, rank, kWorld, options);
       const auto array = comm.share(std::size_t{1} << 16);
-      HeldUpRelay relay(rank == 1 ? kTimeout + 100ms : 0ms);  // past the timeout, as a relay bounded by its own
       try {
-        comm.allreduce_shared(*array, 0, 1 << 14, shm::DType::kFloat32, shm::Op::kSum, 1.0, &relay);
-        report += "the held-up relay's allreduce_shared did not throw; ";
+        allreduce_shared_in_pieces(comm, *array, 1 << 14, 1.0, 1 << 14, [&](std::size_t, std::size_t) {
+          if (rank != 1) return;
+          std::this_thread::sleep_for(kTimeout + 100ms);  // past the timeout, as a step bounded by its own
+          throw shm::PeerError(1, "rank 9 (pid 99, stopped) did not arrive within 600 ms; rank 8 was in allreduce_shared #1");
+        });
+        report += "the held-up step's allreduce_shared did not throw; ";
       } catch (const shm::PeerError& e) {
         if (std::string(e.what()).rfind("rank 9 (pid 99, stopped) did not arrive", 0) != 0) {
           report += std::string("(1) wrong error: ") + e.what() + "; ";

@@ -52,41 +52,15 @@ c10::ScalarType scalar_type_of(DType dtype) {
   return c10::kFloat;
 }
 
+// `work`, once: the caller's work for while the link is busy.
+void run_once(std::function<void()>& work) {
+  if (!work) return;
+  std::function<void()> now = std::move(work);
+  work = nullptr;
+  now();
+}
+
 }  // namespace
-
-// Communicator::allreduce_shared's step across the hosts: each piece of my slice a Gloo allreduce
-// with the ranks of my local rank, over the shared memory where it lies (the tensor keeps the
-// array mapped while Gloo may still use it, even after a failure).
-class Hierarchical::Across final : public Relay {
- public:
-  Across(Hierarchical& owner, std::shared_ptr<SharedArray> array, DType dtype, Op op, std::function<void()> meanwhile)
-      : owner_(owner), array_(std::move(array)), type_(scalar_type_of(dtype)), op_(op), meanwhile_(std::move(meanwhile)) {}
-  void start(void* data, std::size_t count) override {
-    at::Tensor piece = at::from_blob(data, {static_cast<int64_t>(count)}, [array = array_](void*) {}, at::TensorOptions(type_));
-    works_.push_back(owner_.start_part(piece, op_));
-  }
-  void finish() override {
-    do_meanwhile();  // while the pieces in flight cross
-    c10::intrusive_ptr<c10d::Work> work = std::move(works_.front());
-    works_.pop_front();
-    owner_.finish_part(work);
-  }
-  // The caller's work for while the link is busy, once.
-  void do_meanwhile() {
-    if (!meanwhile_) return;
-    std::function<void()> work = std::move(meanwhile_);
-    meanwhile_ = nullptr;
-    work();
-  }
-
- private:
-  Hierarchical& owner_;
-  std::shared_ptr<SharedArray> array_;
-  c10::ScalarType type_;
-  Op op_;
-  std::function<void()> meanwhile_;
-  std::deque<c10::intrusive_ptr<c10d::Work>> works_;
-};
 
 Hierarchical::Hierarchical(HostLayout layout, int rank, std::unique_ptr<Communicator> local,
                            std::shared_ptr<SharedArray> scratch, const c10::intrusive_ptr<c10d::Store>& store,
@@ -195,14 +169,51 @@ std::shared_ptr<SharedArray> Hierarchical::share(std::size_t bytes) {
 void Hierarchical::allreduce_shared(const std::shared_ptr<SharedArray>& array, std::size_t offset, std::size_t count,
                                     DType dtype, Op op, double scale, std::function<void()> meanwhile) {
   const auto [local_op, local_scale] = host_reduction(op, scale, layout_.size());
-  Across across(*this, array, dtype, op, std::move(meanwhile));
   try {
-    local_->allreduce_shared(*array, offset, count, dtype, local_op, local_scale, &across);
+    // 1. Once every part of my host holds its data: my slice is mine. While it crosses the hosts,
+    //    my host's peers waiting for me wait for my verdict (Communicator::start_shared's `away`).
+    SharedSlice slice = local_->start_shared(*array, offset, count, dtype, local_op, local_scale, true);
+    try {
+      cross(slice, array, dtype, op, meanwhile);
+    } catch (const std::exception& error) {
+      throw local_->fail_with(error);  // my host's peers stop at once
+    }
+    // 3. Once every slice of my host is everywhere: done.
+    local_->finish_shared();
   } catch (const PeerError& error) {
     tell_other_hosts(error.what());
     throw;
   }
-  across.do_meanwhile();  // if no piece of mine crossed (an empty slice), now
+  run_once(meanwhile);  // if no piece of mine crossed (an empty slice), now
+}
+
+// 2. My slice piece by piece: reduced inside the host, sent across the hosts (a Gloo allreduce with
+// the ranks of my local rank, over the shared memory where it lies: the tensor keeps the array
+// mapped while Gloo may still use it, even after a failure), and copied into my host's peers' parts
+// once it is back, while the next pieces are reduced and cross.
+void Hierarchical::cross(SharedSlice& slice, const std::shared_ptr<SharedArray>& array, DType dtype, Op op,
+                         std::function<void()>& meanwhile) {
+  const std::size_t piece = std::max<std::size_t>(1, kPieceBytes / dtype_size(dtype));
+  struct Crossing {
+    std::size_t first, n;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  std::deque<Crossing> crossing;  // pieces started, oldest first
+  const auto land_oldest = [&] {
+    run_once(meanwhile);  // while the pieces in flight cross
+    finish_part(crossing.front().work);
+    slice.copy_to_peers(crossing.front().first, crossing.front().n);
+    crossing.pop_front();
+  };
+  for (std::size_t first = slice.begin(); first < slice.end(); first += piece) {
+    const std::size_t n = std::min(piece, slice.end() - first);
+    slice.reduce(first, n);
+    if (crossing.size() == static_cast<std::size_t>(kPiecesInFlight)) land_oldest();
+    at::Tensor part = at::from_blob(slice.mine(first), {static_cast<int64_t>(n)}, [array](void*) {},
+                                    at::TensorOptions(scalar_type_of(dtype)));
+    crossing.push_back({first, n, start_part(part, op)});
+  }
+  while (!crossing.empty()) land_oldest();
 }
 
 c10::intrusive_ptr<c10d::Work> Hierarchical::start_part(const at::Tensor& part, Op op) {

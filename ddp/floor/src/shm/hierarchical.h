@@ -9,9 +9,10 @@
 //      1 MiB, two in flight, so that a piece crosses while the next one is reduced
 //   3. inside the host: local rank l writes each piece of slice l back into every local rank's copy
 //      as it lands
-// all three in one Communicator::allreduce_shared, with a Relay that runs step 2: the array lies
-// in memory the host's ranks share, and they wait for each other only before step 1 and after
-// step 3. DDP's buckets live there (share()); any other tensor is copied into a scratch array of
+// all three in allreduce_shared's own loop over the pieces of the slice, between the host's
+// Communicator::start_shared and finish_shared (the SharedSlice reduces a piece inside the host and
+// copies it to the host's peers): the array lies in memory the host's ranks share, and they wait
+// for each other only before step 1 and after step 3. DDP's buckets live there (share()); any other tensor is copied into a scratch array of
 // the host's and back, a window at a time (allreduce()). Every rank ends with the same bits: step 2
 // gives every member of a Gloo group the same slice, step 3 copies it. They differ from flat
 // Gloo's only in the order of the additions (fp32 rounding). Keeping DDP's buckets where the
@@ -95,9 +96,13 @@ class Hierarchical {
   // (or at the end when none of this rank's does).
   void allreduce_shared(const std::shared_ptr<SharedArray>& array, std::size_t offset, std::size_t count, DType dtype,
                         Op op, double scale, std::function<void()> meanwhile = nullptr);
+  // The pieces this rank's slice crosses the hosts in, and how many cross at a time.
+  static constexpr std::size_t kPieceBytes = std::size_t{1} << 20;
+  static constexpr int kPiecesInFlight = 2;
 
  private:
-  class Across;
+  void cross(SharedSlice& slice, const std::shared_ptr<SharedArray>& array, DType dtype, Op op,
+             std::function<void()>& meanwhile);
   void grow_scratch(std::size_t bytes);
   // A Gloo allreduce across the hosts: started in the background, then waited for (its failure
   // named, my host's Communicator failed with it).

@@ -1,11 +1,13 @@
 #pragma once
-// What the shared-memory collectives' files share (communicator.cpp holds the machinery; each
-// algorithm beyond it has a file of its own: reduce_scatter.cpp, all_gather.cpp): the kinds of
-// collective, the descriptor every rank publishes for the desync check, where a wait is (for error
-// messages), and run(), through which every collective goes. Internal to the core.
+// What the algorithms' files share (peers.h holds the context; algorithms.h lists the
+// algorithms): the kinds of collective, the descriptor every rank publishes for the desync check,
+// where a wait is (for error messages), a chunk of a collective's data, and the templates through
+// which every collective runs. Internal to the core.
+#include <algorithm>
 #include <cstdint>
 
-#include "communicator.h"
+#include "peers.h"
+#include "reduce_kernels.h"
 
 namespace ddp::detail::shm {
 
@@ -14,7 +16,7 @@ enum class Kind : std::uint32_t {
 };
 
 // A collective as one rank sees it; compared across ranks (the desync check).
-struct Communicator::Descriptor {
+struct Descriptor {
   std::uint32_t sequence = 0;  // collectives this rank began, this one included
   Kind kind = Kind::kBarrier;
   std::uint64_t count = 0;     // allreduce: elements; reduce_scatter: elements per rank; broadcast, allgather: bytes (per rank)
@@ -34,6 +36,14 @@ struct Communicator::Descriptor {
     descriptor.scale = scale;
     return descriptor;
   }
+  // broadcast's, allgather's and barrier's.
+  static Descriptor of_bytes(Kind kind, std::uint64_t bytes, std::int32_t root = -1) {
+    Descriptor descriptor;
+    descriptor.kind = kind;
+    descriptor.count = bytes;
+    descriptor.root = root;
+    return descriptor;
+  }
 
   bool operator==(const Descriptor& other) const {
     return sequence == other.sequence && kind == other.kind && count == other.count && dtype == other.dtype && op == other.op &&
@@ -42,27 +52,56 @@ struct Communicator::Descriptor {
 };
 
 // Where a wait is, for error messages.
-struct Communicator::Step {
+struct Step {
   const char* waiting_for;
   std::size_t chunk = 0;
   std::size_t chunks = 1;
 };
 
-// Every collective goes through run(): it refuses to start after a failure, and turns any
-// failure inside into this rank's failure, which its peers see at once.
+// The part of a collective's data one round of steps moves: elements (or bytes) [first, first + n)
+// of the whole, the index-th of `chunks`, staged in data buffer `buffer` of every rank.
+struct Chunk {
+  std::size_t index;
+  std::size_t chunks;
+  std::size_t first;
+  std::size_t n;
+  int buffer;
+
+  Step waiting_for(const char* what) const { return {what, index, chunks}; }
+};
+
 template <typename Body>
-void Communicator::run(const Descriptor& descriptor, Body&& body) {
-  if (error_) throw *error_;
-  try {
+void Peers::run(const Descriptor& descriptor, Body&& body) {
+  resume([&] {
     begin(descriptor);
     body();
-  } catch (const PeerError& e) {
-    fail(e);
-    throw;
+  });
+}
+
+template <typename Body>
+void Peers::resume(Body&& body) {
+  throw_if_failed();
+  try {
+    body();
   } catch (const std::exception& e) {
-    const PeerError error(rank_, name(rank_) + " failed in " + describe(current()) + ": " + e.what());
-    fail(error);
-    throw error;
+    throw fail_with(e);
+  }
+}
+
+// `total` units (elements or bytes) in chunks of `per_chunk`: at least one chunk, an empty one
+// for no data, so that every rank posts and the desync check runs. Each chunk goes into the next
+// data buffer of the two. A buffer is written again only after every peer has posted its last step
+// on the previous contents (`writes`: this rank writes its buffer this time), which with two
+// buffers lets a fast rank copy chunk k + 1 in while others still work on chunk k; body(chunk)
+// ends with this rank's last post on the buffer.
+template <typename Body>
+void Peers::for_each_chunk(std::size_t total, std::size_t per_chunk, bool writes, Body&& body) {
+  const std::size_t chunks = std::max<std::size_t>(1, (total + per_chunk - 1) / per_chunk);
+  for (std::size_t k = 0; k < chunks; ++k) {
+    const std::size_t first = k * per_chunk;
+    const int buffer = acquire_buffer({"the peers to finish reading this buffer", k, chunks}, writes);
+    body(Chunk{k, chunks, first, std::min(per_chunk, total - first), buffer});
+    release_buffer(buffer);
   }
 }
 
