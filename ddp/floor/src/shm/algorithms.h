@@ -39,10 +39,18 @@ void broadcast(Peers& peers, void* data, std::size_t bytes, int root);
 void allgather(Peers& peers, const void* in, std::size_t bytes_per_rank, void* out);
 void reduce_scatter(Peers& peers, const void* in, std::size_t count, void* out, DType dtype, Op op);
 void barrier(Peers& peers);
+// sends[q]: the part of `in` for rank q; receives[p]: the part of `out` rank p's piece for this
+// rank lands in (this rank's own piece is copied within the rank). Every piece must be the size
+// its receiver expects: all_to_all checks that on every rank (the same first mismatch named
+// everywhere). `in` and `out` must not overlap. (all_to_all.cpp)
+void all_to_all(Peers& peers, const void* in, const std::vector<Piece>& sends, void* out, const std::vector<Piece>& receives);
 
 // reduce_scatter's bytes per staging slot: a buffer holds W - 1 of them, each a whole number of
 // elements and, where there is room, of cache lines (whole vectors for the reduction). 0 when not
 // even one element fits.
 std::size_t reduce_scatter_slot_bytes(const Peers& peers, std::size_t element);
+// all_to_all's bytes per staging slot: a buffer holds every rank's sizes, then W - 1 slots of whole
+// cache lines. 0 when the buffer is too small for that.
+std::size_t all_to_all_slot_bytes(const Peers& peers);
 
 }  // namespace ddp::detail::shm::algorithm

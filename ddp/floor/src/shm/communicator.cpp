@@ -96,6 +96,29 @@ void Communicator::reduce_scatter(const void* in, std::size_t count, void* out, 
              [&] { algorithm::reduce_scatter(peers_, in, count, out, dtype, op); });
 }
 
+void Communicator::all_to_all(const void* in, const std::vector<Piece>& sends, void* out,
+                              const std::vector<Piece>& receives) {
+  const auto n = static_cast<std::size_t>(size());
+  if (sends.size() != n || receives.size() != n || sends[rank()].bytes != receives[rank()].bytes) {
+    throw std::invalid_argument("shm::Communicator::all_to_all: " + std::to_string(sends.size()) + " pieces to send and " +
+                                std::to_string(receives.size()) + " to receive for " + std::to_string(n) +
+                                " ranks, or this rank's own piece of two sizes");
+  }
+  peers_.throw_if_failed();
+  if (size() == 1) {
+    if (sends[0].bytes > 0) {
+      std::memmove(static_cast<unsigned char*>(out) + receives[0].offset, static_cast<const unsigned char*>(in) + sends[0].offset,
+                   sends[0].bytes);
+    }
+    return;
+  }
+  if (algorithm::all_to_all_slot_bytes(peers_) == 0) {
+    throw std::invalid_argument("shm::Communicator::all_to_all: chunk_bytes " + std::to_string(options().chunk_bytes) +
+                                " cannot hold the sizes and a slot for each of " + std::to_string(size() - 1) + " peers");
+  }
+  peers_.run(Descriptor::of_bytes(Kind::kAllToAll, 0), [&] { algorithm::all_to_all(peers_, in, sends, out, receives); });
+}
+
 void Communicator::barrier() {
   peers_.throw_if_failed();
   if (size() == 1) return;

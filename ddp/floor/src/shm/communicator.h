@@ -9,7 +9,7 @@
 //                     check (how a collective runs, step by step, is described there)
 //   algorithms.h      the algorithms over that context, one file each: allreduce_direct.cpp,
 //                     allreduce_sliced.cpp, broadcast.cpp, all_gather.cpp, reduce_scatter.cpp,
-//                     barrier.cpp
+//                     all_to_all.cpp, barrier.cpp
 //   shared_array.h    memory the ranks share (shared_array.cpp) and the allreduce of an array
 //                     where it lies there (allreduce_shared.cpp)
 //   communicator.cpp  this class: checks the arguments, handles a group of one, chooses the
@@ -73,6 +73,13 @@ class Communicator {
   // elements. `out` may be this rank's piece of `in`; otherwise the two must not overlap. Throws
   // std::invalid_argument (before communicating) for what allreduce refuses.
   void reduce_scatter(const void* in, std::size_t count, void* out, DType dtype, Op op);
+  // Every rank's piece for every rank: sends[q] is the part of `in` for rank q, receives[p] the
+  // part of `out` that rank p's piece for this rank lands in (one of each per rank; pieces may
+  // differ in size from rank to rank - uneven splits - but each must be the size its receiver
+  // expects: the ranks compare them, and throw PeerError naming the first that differs). `in` and
+  // `out` must not overlap. Throws std::invalid_argument (before communicating) for lists that are
+  // not one per rank, or this rank's own piece of two sizes.
+  void all_to_all(const void* in, const std::vector<Piece>& sends, void* out, const std::vector<Piece>& receives);
   // Returns once every rank has called barrier().
   void barrier();
 

@@ -433,6 +433,7 @@ std::string Peers::describe(const Descriptor& d) const {
       return "reduce_scatter" + number + " (" + std::to_string(d.count) + " x " + dtype_name(d.dtype) + " per rank, " +
              op_name(d.op) + ")";
     case Kind::kBarrier: return "barrier" + number;
+    case Kind::kAllToAll: return "all_to_all" + number;
   }
   return "unknown collective" + number;
 }

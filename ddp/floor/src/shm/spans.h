@@ -13,6 +13,12 @@ struct Span {
   std::size_t count;
 };
 
+// A part of a buffer: `bytes` bytes from byte `offset` (an all-to-all's piece for, or from, one rank).
+struct Piece {
+  std::size_t offset;
+  std::size_t bytes;
+};
+
 // Calls part(pointer, at, n) for each piece of elements [first, first + count) of the spans taken
 // as one array, in order: `pointer` is the piece's first byte, `at` its index counted from `first`.
 template <typename Part>

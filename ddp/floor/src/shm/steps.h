@@ -12,7 +12,7 @@
 namespace ddp::detail::shm {
 
 enum class Kind : std::uint32_t {
-  kAllreduce = 1, kBroadcast, kAllgather, kBarrier, kAllreduceShared, kReduceScatter
+  kAllreduce = 1, kBroadcast, kAllgather, kBarrier, kAllreduceShared, kReduceScatter, kAllToAll
 };
 
 // A collective as one rank sees it; compared across ranks (the desync check).
