@@ -20,6 +20,8 @@
 
 #include <ddp/ddp.h>
 
+#include "command_line.h"
+
 namespace {
 
 struct BlockImpl : torch::nn::Module {
@@ -62,28 +64,6 @@ double vm_peak_mib() {
   }
   std::fclose(status);
   return kib < 0 ? -1 : kib / 1024;
-}
-
-Options parse(int argc, char** argv) {
-  Options options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument(arg + " needs a value");
-      return argv[++i];
-    };
-    if (arg == "--width") options.width = std::stoll(value());
-    else if (arg == "--layers") options.layers = std::stoi(value());
-    else if (arg == "--steps") options.steps = std::stoi(value());
-    else if (arg == "--batch") options.batch = std::stoll(value());
-    else if (arg == "--ddp") options.ddp = true;
-    else if (arg == "--vm-peak") options.vm_peak = true;
-    else throw std::invalid_argument("unknown argument " + arg + " (--width N --layers N --steps N --batch N --ddp --vm-peak)");
-  }
-  if (options.width < 1 || options.layers < 1 || options.steps < 0 || options.batch < 1) {
-    throw std::invalid_argument("--width, --layers and --batch must be at least 1, --steps at least 0");
-  }
-  return options;
 }
 
 // The same data on every rank's slice of each step's batch.
@@ -144,8 +124,19 @@ int run(const Options& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  Options options;
+  CLI::App app{"An MLP too big for DDP+Adam on one rank, trained fully sharded (ddp::fully_shard)"};
+  // Every number through one checked parser (command_line.h): a bad flag exits 2 before anything runs.
+  app.add_option("--width", options.width, "features of each block's Linear(width, width)")
+      ->check(examples::whole_number(1, 1 << 16));
+  app.add_option("--layers", options.layers, "blocks")->check(examples::whole_number(1, 1 << 10));
+  app.add_option("--steps", options.steps, "Adam steps")->check(examples::whole_number(0, 1 << 20));
+  app.add_option("--batch", options.batch, "samples per step on each rank")->check(examples::batch_size());
+  app.add_flag("--ddp", options.ddp, "train through DistributedDataParallel instead, for comparison");
+  app.add_flag("--vm-peak", options.vm_peak, "print each rank's peak virtual memory (what prlimit --as caps)");
+  if (const auto exit_code = examples::parse_command_line(app, argc, argv)) return *exit_code;
   try {
-    return run(parse(argc, argv));
+    return run(options);
   } catch (const std::exception& error) {
     // LibTorch's c10::Error appends a C++ backtrace to what(): its first part says what happened.
     const auto* torch_error = dynamic_cast<const c10::Error*>(&error);
