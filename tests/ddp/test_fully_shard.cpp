@@ -294,6 +294,20 @@ TEST(FullyShard, ACheckpointSavedAtTwoRanksResumesAtThree) {
   remove_tree(options.shared_dir);
 }
 
+// In a process that shards nothing, sharded_forward is the block's own forward: the port's model
+// runs unchanged in one process (and its calls skip the registry's lock, which no unit is in).
+DDP_WORKER(fsdp_unsharded_forward) {
+  torch::manual_seed(9);
+  ShardNet net(7);
+  const auto x = torch::randn({4, 10});
+  torch::Tensor h = net->in(x);
+  for (auto& block : net->blocks) h = block->forward(h);
+  require(torch::equal(net->forward(x), net->out(h)), "sharded_forward changed an unsharded block's output");
+}
+TEST(FullyShard, ShardedForwardIsThePlainCallWhenNothingIsSharded) {
+  EXPECT_WORKERS_OK(run_workers("fsdp_unsharded_forward", 1));
+}
+
 // --- sharded checkpoints: one file per rank, nothing gathered ----------------------------------------
 
 // ProcessGroup::setSequenceNumberForGroup() starts the group's count of collectives in 1.13 and

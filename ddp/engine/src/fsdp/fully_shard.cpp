@@ -1,6 +1,7 @@
 // fully_shard's entry points: which parameters one call takes (and the refusals), the registry
 // sharded_forward finds a block's unit in, and the tree a root adopts its blocks into.
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -26,13 +27,21 @@ constexpr const char* kWho = "ddp::fully_shard";
 struct Registry {
   std::mutex mutex;
   std::vector<std::shared_ptr<ShardedUnit>> units;
+  // units.size(), read without the mutex: a program that shards nothing (the same model in one
+  // process, or under DDP) pays one atomic load per sharded_forward call, not a lock and a scan.
+  std::atomic<size_t> count{0};
 
+  void add(std::shared_ptr<ShardedUnit> unit) {
+    units.push_back(std::move(unit));
+    count.store(units.size(), std::memory_order_release);
+  }
   void prune() {
     std::vector<std::shared_ptr<ShardedUnit>> alive;
     for (auto& unit : units) {
       if (unit->module_alive()) alive.push_back(std::move(unit));
     }
     units = std::move(alive);
+    count.store(units.size(), std::memory_order_release);
   }
 };
 
@@ -140,12 +149,13 @@ std::shared_ptr<ShardedUnit> shard_module(const std::shared_ptr<torch::nn::Modul
   }
   tree->add(unit);
   unit->set_tree(tree);
-  reg.units.push_back(unit);
+  reg.add(unit);
   return unit;
 }
 
 std::shared_ptr<ShardedUnit> unit_of(const torch::nn::Module& module) {
   Registry& reg = registry();
+  if (reg.count.load(std::memory_order_acquire) == 0) return nullptr;  // nothing sharded in this process
   std::lock_guard<std::mutex> lock(reg.mutex);
   for (const auto& unit : reg.units) {
     if (unit->is_of(module)) return unit;
@@ -155,6 +165,7 @@ std::shared_ptr<ShardedUnit> unit_of(const torch::nn::Module& module) {
 
 bool is_fully_sharded(const at::Tensor& param) {
   Registry& reg = registry();
+  if (reg.count.load(std::memory_order_acquire) == 0) return false;
   std::lock_guard<std::mutex> lock(reg.mutex);
   for (const auto& unit : reg.units) {
     if (unit->module_alive() && unit->owns(param)) return true;
