@@ -119,6 +119,8 @@ dcgan)
   start "$dir/straight" "$dir/straight.log" "$dcgan" --epochs 1
   until_both '\[ 1/ 1\]\[ 70/938\]' "$dir/straight.log" || { out=$(cat "$dir/straight.log"); fail "straight run: no line of batch 70"; }
   stop
+  # Both ranks train: every loss printed is a finite number.
+  grep -qiE 'D_loss: .*(nan|inf)' "$dir/straight.log" && { out=$(cat "$dir/straight.log"); fail "straight run: a loss is not finite"; }
   # Stopped once its first checkpoint (batch 20) is on disk.
   start "$dir/resumed" "$dir/first.log" "$dcgan" --epochs 1
   while [ ! -f "$dir/resumed/dcgan-checkpoint.pt" ] && kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
