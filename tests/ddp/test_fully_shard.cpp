@@ -452,6 +452,20 @@ DDP_WORKER(fsdp_sharded_refusals) {
                                          second + " is missing: it is the file of rank 1 of the 2",
                                          "a missing rank file");
   }
+  // keep_last prunes a sharded checkpoint's rank files with its index, and a resume finds the newest.
+  const std::string dir = shared_dir() + "/kept";
+  for (const int64_t step : {1, 2}) {
+    ddp::save_checkpoint(ddp::checkpoint_path(dir, step), model, &optimizer, ddp::TrainingState{0, step},
+                         ddp::CheckpointOptions().full_state_dict(false).keep_last(1));
+  }
+  const std::string older = ddp::checkpoint_path(dir, 1), newer = ddp::checkpoint_path(dir, 2);
+  for (const std::string& gone : {older, older + ".rank-0-of-2", older + ".rank-1-of-2"}) {
+    require(!std::filesystem::exists(gone), gone + " was kept by keep_last(1)");
+  }
+  require(std::filesystem::exists(newer + ".rank-1-of-2"), "keep_last(1) removed the newest checkpoint's rank file");
+  const auto restored = ddp::load_checkpoint_if_exists(dir, model, &optimizer);
+  require(restored.loaded && restored.path == newer && restored.state.global_step == 2,
+          "load_checkpoint_if_exists did not resume from the newest sharded checkpoint");
 }
 TEST(FullyShard, AShardedCheckpointNamesTheFileItCannotUse) {
   RunOptions options;
