@@ -85,41 +85,26 @@ static_assert(sizeof(Peers::ControlBlock) <= kControlBytes, "the control block m
 
 // --- Setup ---------------------------------------------------------------------------------------
 
-namespace {
+SetupVerdicts::SetupVerdicts(Rendezvous& rendezvous, const std::string& key_prefix, int rank)
+    : rendezvous_(rendezvous), key_(key_prefix), me_(std::to_string(rank)) {}
 
-// The group's rendezvous keys: "torchddp/shm<prefix>/<step>/<rank>", each rank's verdict on a step
-// of setting up ("ok", or "error: " and why not).
-class SetupKeys {
- public:
-  SetupKeys(Rendezvous& rendezvous, const std::string& prefix, int rank)
-      : rendezvous_(rendezvous), key_("torchddp/shm" + prefix + "/"), me_(std::to_string(rank)) {}
-
-  void tell(const char* step, const std::string& failure) {
-    try {
-      rendezvous_.set(key_ + step + "/" + me_, failure.empty() ? std::string("ok") : "error: " + failure);
-    } catch (const std::exception& e) {
-      throw ShmUnavailable("rank " + me_ + ": publishing \"" + step + "\": " + e.what());
-    }
+void SetupVerdicts::tell(const char* step, const std::string& failure) {
+  try {
+    rendezvous_.set(key_ + step + "/" + me_, failure.empty() ? std::string("ok") : "error: " + failure);
+  } catch (const std::exception& e) {
+    throw ShmUnavailable("rank " + me_ + ": publishing \"" + step + "\": " + e.what());
   }
-  // "" when `peer` said ok, else what it said.
-  std::string hear(const char* step, int peer) {
-    std::string status;
-    try {
-      status = rendezvous_.get(key_ + step + "/" + std::to_string(peer));
-    } catch (const std::exception& e) {
-      throw ShmUnavailable("rank " + me_ + ": waiting for rank " + std::to_string(peer) + " (" + step + "): " + e.what());
-    }
-    return status == "ok" ? "" : status;
+}
+
+std::string SetupVerdicts::hear(const char* step, int peer) {
+  std::string status;
+  try {
+    status = rendezvous_.get(key_ + step + "/" + std::to_string(peer));
+  } catch (const std::exception& e) {
+    throw ShmUnavailable("rank " + me_ + ": waiting for rank " + std::to_string(peer) + " (" + step + "): " + e.what());
   }
-  const std::string& me() const { return me_; }
-
- private:
-  Rendezvous& rendezvous_;
-  const std::string key_;
-  const std::string me_;
-};
-
-}  // namespace
+  return status == "ok" ? "" : status;
+}
 
 Peers::Peers(Rendezvous& rendezvous, const std::string& name_prefix, int rank, int size, const Options& options)
     : options_(checked_options(options, rank, size)), prefix_(name_prefix), rank_(rank), size_(size) {
@@ -129,15 +114,15 @@ Peers::Peers(Rendezvous& rendezvous, const std::string& name_prefix, int rank, i
   spin_ = options_.spin.count() >= 0 ? options_.spin : cpus_available() >= size_ ? 20us : 2us;
   peers_.resize(size_);
   const std::size_t segment_bytes = kControlBytes + 2 * options_.chunk_bytes;
-  SetupKeys keys(rendezvous, name_prefix, rank_);
+  SetupVerdicts verdicts(rendezvous, "torchddp/shm" + name_prefix + "/", rank_);
   const auto blame = [&](const char* failed_to) {
-    return [&keys, this, failed_to](int r, const std::string& why) {
-      return r == rank_ ? "rank " + keys.me() + ": " + why : "rank " + std::to_string(r) + " could not " + failed_to + ": " + why;
+    return [&verdicts, this, failed_to](int r, const std::string& why) {
+      return r == rank_ ? "rank " + verdicts.me() + ": " + why : "rank " + std::to_string(r) + " could not " + failed_to + ": " + why;
     };
   };
   std::vector<int> created;  // peers whose segments exist: if setup fails, their names go too (below)
   const auto hear_created = [&](int p) {
-    std::string why = keys.hear("created", p);
+    std::string why = verdicts.hear("created", p);
     if (why.empty()) created.push_back(p);
     return why;
   };
@@ -146,10 +131,10 @@ Peers::Peers(Rendezvous& rendezvous, const std::string& name_prefix, int rank, i
   //    nobody needs a name any more.
   const std::string creating = create_segment(segment_bytes);
   try {
-    agree(rank_, size_, creating, [&](const std::string& mine) { keys.tell("created", mine); }, hear_created,
+    agree(rank_, size_, creating, [&](const std::string& mine) { verdicts.tell("created", mine); }, hear_created,
           blame("create its segment"));
-    agree(rank_, size_, map_segments(created, segment_bytes), [&](const std::string& mine) { keys.tell("mapped", mine); },
-          [&](int p) { return keys.hear("mapped", p); }, blame("map the group's segments"));
+    agree(rank_, size_, map_segments(created, segment_bytes), [&](const std::string& mine) { verdicts.tell("mapped", mine); },
+          [&](int p) { return verdicts.hear("mapped", p); }, blame("map the group's segments"));
   } catch (...) {
     // Setup failed, so nobody will map anything again: remove the names of the peers' segments
     // too, in case a peer died before removing its own (mine goes with peers_[rank_]).

@@ -98,6 +98,25 @@ void agree(int rank, int size, const std::string& mine, Tell&& tell, Hear&& hear
   }
 }
 
+// Each rank's verdicts on the steps of setting up, through the caller's Rendezvous (before any
+// shared memory exists): under "<key_prefix><step>/<rank>", "ok" or "error: " and why not. The
+// tell and hear of agree() for a set-up's rendezvous.
+class SetupVerdicts {
+ public:
+  SetupVerdicts(Rendezvous& rendezvous, const std::string& key_prefix, int rank);
+  // Publishes this rank's verdict on `step` ("" when it went well, else why not).
+  void tell(const char* step, const std::string& failure);
+  // `peer`'s verdict on `step`, once it is published: "" when it went well, else what it said.
+  // Throws ShmUnavailable when the rendezvous cannot say (its timeout).
+  std::string hear(const char* step, int peer);
+  const std::string& me() const noexcept { return me_; }
+
+ private:
+  Rendezvous& rendezvous_;
+  const std::string key_;
+  const std::string me_;
+};
+
 struct Descriptor;  // steps.h
 struct Step;
 struct Chunk;
