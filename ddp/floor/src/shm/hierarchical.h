@@ -27,7 +27,7 @@
 // writes its error under the group's store ("failure"), which a rank waiting in Gloo looks at
 // every quarter second (and for a second more once Gloo failed): a partner of a rank that stopped
 // because of another rank's death or stop names that rank first, not only the partner that left.
-// Its host's peers, which wait for it meanwhile, wait for that verdict too (communicator.h).
+// Its host's peers, which wait for it meanwhile, wait for that verdict too (peers.h: set_away).
 //
 // Thread-safety: one thread at a time (the channel's), collectives in the same order on every rank.
 #include <chrono>

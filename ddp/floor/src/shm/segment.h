@@ -14,7 +14,7 @@
 namespace ddp::detail::shm {
 
 // Shared memory cannot be used here: the object could not be created, opened or mapped, a
-// peer could not, or the ranks could not agree (communicator.h). Callers fall back to another
+// peer could not, or the ranks could not agree (peers.h: agree). Callers fall back to another
 // transport for the whole group.
 class ShmUnavailable : public std::runtime_error {
  public:
