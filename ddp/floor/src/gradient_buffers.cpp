@@ -30,16 +30,16 @@ std::vector<at::Tensor> make_slots(const at::Tensor& flat, const std::vector<at:
   return slots;
 }
 
-// Private memory, reduced by the group's allreduce of the whole bucket. `divides`: gradients are
-// divided while they are copied in (one pass for both); otherwise (a hook's buffer) copied as they are.
+// Private memory, reduced by the group's allreduce of the whole bucket. Gradients are divided while
+// they are copied in (one pass for both), except for a hook, which gets them as they are.
 class CopyingBuffer final : public GradientBuffer {
  public:
-  CopyingBuffer(ProcessGroupPtr group, at::Tensor flat, const std::vector<at::Tensor>& members, int divisor, bool divides)
-      : GradientBuffer(std::move(group), std::move(flat), members, /*own_storage=*/false, divisor), divides_(divides) {}
+  CopyingBuffer(ProcessGroupPtr group, at::Tensor flat, const std::vector<at::Tensor>& members, int divisor)
+      : GradientBuffer(std::move(group), std::move(flat), members, /*own_storage=*/false, divisor) {}
 
   void take(size_t k, const at::Tensor& gradient) override {
     at::Tensor& slot = slots_[k];
-    const bool divide = divides_ && divisor_ > 1;  // dividing by one would be a wasted pass
+    const bool divide = !for_hook_ && divisor_ > 1;  // dividing by one would be a wasted pass
     if (gradient.is_same(slot)) {
       if (divide) slot.mul_(scale_);
     } else if (divide) {
@@ -50,11 +50,8 @@ class CopyingBuffer final : public GradientBuffer {
   }
 
   c10::intrusive_ptr<c10d::Work> start_average() override {
-    return divides_ ? start_allreduce(group_, flat_) : detail::start_average(group_, flat_, divisor_);
+    return for_hook_ ? detail::start_average(group_, flat_, divisor_) : start_allreduce(group_, flat_);
   }
-
- private:
-  bool divides_;
 };
 
 // Shared memory, the bucket in private memory: each gradient summed where it lies.
@@ -71,7 +68,7 @@ class InPlaceBuffer final : public GradientBuffer {
 
   void take(size_t k, const at::Tensor& gradient) override {
     at::Tensor& slot = slots_[k];
-    in_place_[k] = !gradient.is_same(slot) && gradient.is_contiguous() && !gradient.requires_grad() &&
+    in_place_[k] = !for_hook_ && !gradient.is_same(slot) && gradient.is_contiguous() && !gradient.requires_grad() &&
                    gradient.scalar_type() == flat_.scalar_type() && gradient.device() == flat_.device();
     if (!in_place_[k] && !gradient.is_same(slot)) slot.copy_(gradient);
     pieces_[k] = in_place_[k] ? gradient : slot;
@@ -141,6 +138,12 @@ GradientBuffer::GradientBuffer(ProcessGroupPtr group, at::Tensor flat, const std
       scale_(at::full({}, 1.0 / divisor, flat_.options())),
       divisor_(divisor) {}
 
+void GradientBuffer::hand_to_hook(int divisor) {
+  for_hook_ = true;
+  std::fill(in_place_.begin(), in_place_.end(), 0);
+  set_divisor(divisor);
+}
+
 void GradientBuffer::set_divisor(int divisor) {
   if (divisor == divisor_) return;
   divisor_ = divisor;
@@ -150,8 +153,8 @@ void GradientBuffer::set_divisor(int divisor) {
 std::vector<std::unique_ptr<GradientBuffer>> make_gradient_buffers(const ProcessGroupPtr& group,
                                                                    const std::vector<std::vector<at::Tensor>>& members,
                                                                    const GradientBufferOptions& options) {
-  // What each bucket holds, and whether shared memory sums it (no hook, a floating CPU dtype).
-  shm::Channel* channel = options.for_hook ? nullptr : channel_of(group);
+  // What each bucket holds, and whether shared memory sums it (a floating CPU dtype).
+  shm::Channel* channel = channel_of(group);
   std::vector<at::TensorOptions> kinds;
   std::vector<int64_t> numels;
   std::vector<char> summed_in_shm;
@@ -184,15 +187,13 @@ std::vector<std::unique_ptr<GradientBuffer>> make_gradient_buffers(const Process
       at::Tensor flat = at::from_blob(data, {numels[b]}, [array](void*) {}, kinds[b].device(at::kCPU));
       buffers.push_back(std::make_unique<SharedBuffer>(group, *channel, array, offset, std::move(flat), members[b],
                                                        options.divisor, options.gradient_as_bucket_view));
-      continue;
-    }
-    at::Tensor flat = at::zeros({numels[b]}, kinds[b]);
-    if (summed_in_shm[b]) {
-      buffers.push_back(std::make_unique<InPlaceBuffer>(group, *channel, std::move(flat), members[b], options.divisor));
-    } else {
+    } else if (summed_in_shm[b]) {
       buffers.push_back(
-          std::make_unique<CopyingBuffer>(group, std::move(flat), members[b], options.divisor, !options.for_hook));
+          std::make_unique<InPlaceBuffer>(group, *channel, at::zeros({numels[b]}, kinds[b]), members[b], options.divisor));
+    } else {
+      buffers.push_back(std::make_unique<CopyingBuffer>(group, at::zeros({numels[b]}, kinds[b]), members[b], options.divisor));
     }
+    if (options.for_hook) buffers.back()->hand_to_hook(options.divisor);
   }
   return buffers;
 }

@@ -6,7 +6,7 @@
 //
 //   copying    private memory; gradients are copied into their slots, divided by the divisor on
 //              the way, and the group's allreduce sums the whole bucket (Gloo, NCCL, a group built
-//              with c10d). With a communication hook, the copy only: the hook reduces flat().
+//              with c10d).
 //   in place   shared memory, the bucket in private memory: the channel sums the members'
 //              gradients where they lie, as one array, times 1/divisor in the same pass, and
 //              nothing is copied in or out. A gradient it cannot read where it lies (another
@@ -14,6 +14,10 @@
 //   shared     shared memory, the bucket itself in memory every rank of the host maps (only where
 //              every rank builds its buckets at once: a collective): each rank reduces its slice
 //              of every rank's bucket and writes it into all of them - two passes over the bucket.
+//
+// With a communication hook (for_hook), each kind keeps its storage, and take() copies every
+// gradient into its slot as it is: the hook reduces flat(), and hooks::allreduce() through the
+// buffer's own start_average() (the shared kind then still reduces where the bucket lies).
 //
 // Thread-safety: a buffer is used by one thread at a time (the reducer's, under its lock); the Work
 // it returns completes on the group's thread.
@@ -57,6 +61,9 @@ class GradientBuffer {
   // under ddp::Join).
   void set_divisor(int divisor);
   int divisor() const { return divisor_; }
+  // From now on a communication hook reduces flat() (what make_gradient_buffers' for_hook makes):
+  // gradients are copied into their slots as they are, and start_average() divides by `divisor`.
+  void hand_to_hook(int divisor);
 
  protected:
   GradientBuffer(ProcessGroupPtr group, at::Tensor flat, const std::vector<at::Tensor>& members, bool own_storage,
@@ -68,10 +75,11 @@ class GradientBuffer {
   std::vector<char> in_place_;  // in_place_[k]: member k's gradient is reduced where it lies
   at::Tensor scale_;            // 1/divisor, 0-dim, of flat's dtype and device
   int divisor_ = 1;
+  bool for_hook_ = false;       // take() copies as it is; a hook reduces flat()
 };
 
 struct GradientBufferOptions {
-  bool for_hook = false;                 // a communication hook reduces flat(): raw gradients copied in
+  bool for_hook = false;                 // a communication hook reduces flat() (hand_to_hook)
   bool every_rank_builds = true;         // every rank builds these buckets now (a collective): they
                                          // may go into memory the ranks share
   bool gradient_as_bucket_view = false;  // gradients will be their slots

@@ -32,6 +32,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <ddp/process_group.h>
 #include <ddp/stateful.h>
@@ -44,6 +45,7 @@ using FuturePtr = c10::intrusive_ptr<c10::ivalue::Future>;
 // done; the tensors are the reducer's own (no copies are made for the hook).
 namespace detail {
 class Reducer;
+struct OwnAverage;
 }
 
 class GradBucket {
@@ -82,6 +84,7 @@ class GradBucket {
 
  private:
   friend class detail::Reducer;  // DDP's buckets: views of the reducer's own storage
+  friend struct detail::OwnAverage;
   GradBucket(size_t index, size_t bucket_count, at::Tensor buffer, std::vector<at::Tensor> gradients,
              std::vector<at::Tensor> parameters, std::vector<int64_t> offsets, ProcessGroupPtr group,
              std::vector<size_t> parameter_indices);
@@ -94,6 +97,10 @@ class GradBucket {
   std::vector<int64_t> offsets_;
   ProcessGroupPtr group_;
   std::vector<size_t> parameter_indices_;
+  // DDP's buckets: the floor's own average of the bucket's storage (shared memory reduces it where
+  // it lies), which hooks::allreduce() starts while buffer() is still that storage (own_buffer_).
+  std::function<c10::intrusive_ptr<c10d::Work>()> own_average_;
+  at::Tensor own_buffer_;
 };
 
 // What register_comm_hook takes: the function, a name (reported in logging_data()), optionally

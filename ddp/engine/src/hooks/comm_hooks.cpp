@@ -44,6 +44,20 @@ GradBucket GradBucket::for_parameters(size_t index, size_t bucket_count, at::Ten
                     std::move(offsets), std::move(group), std::move(indices));
 }
 
+namespace detail {
+
+// The average hooks::allreduce() starts: DDP's own bucket storage averaged by the floor as the
+// bucket was built to be (in shared memory where it lies), or any other buffer by the same
+// arithmetic (gradient_buffers.h).
+struct OwnAverage {
+  static c10::intrusive_ptr<c10d::Work> start(GradBucket& bucket) {
+    if (bucket.own_average_ && bucket.buffer_.is_same(bucket.own_buffer_)) return bucket.own_average_();
+    return start_average(bucket.process_group(), bucket.buffer(), bucket.world_size());
+  }
+};
+
+}  // namespace detail
+
 namespace hooks {
 namespace {
 
@@ -144,9 +158,7 @@ FuturePtr completed_future(at::Tensor tensor) {
 CommHook allreduce() {
   return CommHook(
       [](GradBucket& bucket) {
-        // The same average as DDP's buckets without a hook (gradient_buffers.h).
-        return tensor_when_done(detail::start_average(bucket.process_group(), bucket.buffer(), bucket.world_size()),
-                                bucket.buffer());
+        return tensor_when_done(detail::OwnAverage::start(bucket), bucket.buffer());
       },
       "allreduce");
 }

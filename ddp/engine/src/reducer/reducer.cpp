@@ -122,7 +122,9 @@ void Reducer::build_buckets(const std::vector<size_t>& order, Builders builders)
 
   at::NoGradGuard no_grad;
   // Free the old buckets before allocating the new ones, so a rebuild never holds two sets (a
-  // bucket-view gradient keeps its old storage alive until it is copied in below).
+  // bucket-view gradient keeps its old storage alive until it is copied in below). The hook's
+  // view of them goes first: it points at their buffers.
+  if (hook_runner_) hook_runner_->set_buckets({});
   buckets_.clear();
   std::vector<Bucket> buckets(layout.size());
   std::vector<std::vector<at::Tensor>> members(layout.size());
@@ -132,9 +134,10 @@ void Reducer::build_buckets(const std::vector<size_t>& order, Builders builders)
   }
   std::vector<std::unique_ptr<GradientBuffer>> buffers;
   try {
+    // A hook averages over the whole group, as PyTorch's do (set_divisor leaves its buckets alone).
     buffers = make_gradient_buffers(group_, members,
                                     {hook_runner_ != nullptr, builders == Builders::kEveryRank,
-                                     options_.gradient_as_bucket_view, divisor_});
+                                     options_.gradient_as_bucket_view, hook_runner_ ? group_->getSize() : divisor_});
   } catch (const std::exception& error) {  // a peer died or hung while the buckets went into shared memory
     throw_collective_error(options_.owner + ": putting the gradient buckets in shared memory", kLoopCollectiveHint,
                            error);
@@ -150,7 +153,7 @@ void Reducer::build_buckets(const std::vector<size_t>& order, Builders builders)
       at::Tensor& grad = params_[bucket.params[k]].mutable_grad();
       at::Tensor& slot = bucket.buffer->slot(k);
       if (grad.defined() && (options_.gradient_as_bucket_view ||
-                             (bucket.buffer->shared() && seen_only_by_its_parameter(grad)))) {
+                             (adopts_slots(*bucket.buffer) && seen_only_by_its_parameter(grad)))) {
         slot.copy_(grad);
         grad = slot;
       }
@@ -168,6 +171,11 @@ void Reducer::build_buckets(const std::vector<size_t>& order, Builders builders)
   used_device_ = device.is_cpu() ? used_host_ : used_host_.to(device);
 }
 
+// Whether a bucket's slot may become its parameter's gradient instead of being copied back
+// (write_back_gradients): in memory every rank's reduction writes (GradientBuffer::shared), where
+// the copy would be a pass for nothing. Not with a hook, whose views of the slots stay the bucket's.
+bool Reducer::adopts_slots(const GradientBuffer& buffer) const { return buffer.shared() && !hook_runner_; }
+
 // What a communication hook sees of each bucket: views of the reducer's own storage.
 std::vector<GradBucket> Reducer::hook_buckets() const {
   std::vector<GradBucket> out;
@@ -183,6 +191,9 @@ std::vector<GradBucket> Reducer::hook_buckets() const {
     }
     out.push_back(GradBucket(b, buckets_.size(), bucket.buffer->flat(), bucket.buffer->slots(), std::move(params),
                              std::move(offsets), group_, bucket.params));
+    // hooks::allreduce() averages the bucket's own storage as the floor built it to be averaged.
+    out.back().own_average_ = [buffer = bucket.buffer.get()] { return buffer->start_average(); };
+    out.back().own_buffer_ = bucket.buffer->flat();
   }
   return out;
 }
@@ -202,9 +213,9 @@ void Reducer::register_comm_hook(CommHook hook) {
          "gradients enabled); the buckets of the iterations so far were reduced without it.");
   }
   hook_runner_ = std::make_unique<HookRunner>(std::move(hook), timeout_of(group_));
-  // Buckets the hook reduces: private storage, raw gradients copied in (this rank alone: no
-  // shared memory to agree on).
-  build_buckets(bucket_order_, Builders::kThisRankAlone);
+  // The buckets keep their storage; from now on the hook reduces them, averaging over the group.
+  for (Bucket& bucket : buckets_) bucket.buffer->hand_to_hook(group_->getSize());
+  hook_runner_->set_buckets(hook_buckets());
   hook_runner_->set_on_done([this](size_t b) { recorder_.reduced(b); });
   if (check_collectives_) {
     // On the hook thread, right before the hook issues the bucket's collectives.
@@ -262,6 +273,7 @@ void Reducer::set_divisor(int divisor) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (divisor == divisor_) return;
   divisor_ = divisor;
+  if (hook_runner_) return;  // hooks average as they please
   for (auto& bucket : buckets_) bucket.buffer->set_divisor(divisor_);
 }
 
@@ -495,7 +507,7 @@ void Reducer::mark_ready(size_t param, bool used) {
   // private memory, as in PyTorch - when it gets none in this pass (an unused parameter's); and so
   // does an earlier gradient the user still holds (or a tensor made from it) after the optimizer
   // reset the parameter's gradient to undefined.
-  if (bucket.buffer->shared() && !options_.gradient_as_bucket_view) {
+  if (adopts_slots(*bucket.buffer) && !options_.gradient_as_bucket_view) {
     const bool is_gradient = params_[param].grad().is_same(slot);
     if (is_gradient ? !used : slot.use_count() > 1 || slot.storage().use_count() > 1) slot = keep_apart(slot);
   }
@@ -680,7 +692,7 @@ void Reducer::write_back_gradients() {
     // In a shared bucket the slot becomes the gradient when that cannot be seen: later iterations
     // then accumulate in the bucket, and nothing is copied in or back.
     if (options_.gradient_as_bucket_view ||
-        (buffer.shared() && (grad.is_same(slot) || seen_only_by_its_parameter(grad)))) {
+        (adopts_slots(buffer) && (grad.is_same(slot) || seen_only_by_its_parameter(grad)))) {
       if (!grad.is_same(slot)) grad = slot;
     } else if (grad.defined()) {
       grad.copy_(slot);

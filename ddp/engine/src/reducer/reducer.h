@@ -12,8 +12,9 @@
 // reduced where each gradient lies (shared memory), or the bucket itself in memory every rank
 // maps (shared memory, every rank building at once). The reducer only asks a buffer whether its
 // reduction writes every rank's slots (shared()), which decides whether a slot may become the
-// gradient itself. With a communication hook the buffers are storage only: raw gradients copied
-// in, and "launch" hands the bucket to the hook thread (hook_runner.h).
+// gradient itself (adopts_slots). With a communication hook the buffers copy raw gradients in,
+// "launch" hands the bucket to the hook thread (hook_runner.h), and hooks::allreduce() averages
+// the bucket through its buffer as it would have been without the hook.
 //
 // Threads. The training thread calls everything public but on_gradient_ready (forward, the
 // optimizer's side, stats); autograd's threads call on_gradient_ready -> mark_ready ->
@@ -157,6 +158,7 @@ class Reducer : public std::enable_shared_from_this<Reducer> {
   // so that they may be put in shared memory, a collective; or this rank alone (module.to()).
   enum class Builders { kEveryRank, kThisRankAlone };
   void build_buckets(const std::vector<size_t>& order, Builders builders = Builders::kEveryRank);
+  bool adopts_slots(const GradientBuffer& buffer) const;
   std::vector<GradBucket> hook_buckets() const;
   void rebuild_buckets_in_observed_order();
   void autotune_step();
