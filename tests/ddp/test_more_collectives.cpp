@@ -3,6 +3,7 @@
 // shared memory and over Gloo alone, each against the result computed here from every rank's
 // known input.
 #include <chrono>
+#include <csignal>
 #include <set>
 #include <thread>
 
@@ -289,6 +290,155 @@ DDP_WORKER(monitored) {
 }
 TEST(MoreCollectives, MonitoredBarrierNamesTheRankThatDidNotArrive) {
   EXPECT_WORKERS_OK(run_workers("monitored", 3));
+}
+
+// --- Point to point and all-to-all through shared memory (the group's mailbox; all_to_all.cpp) ---
+
+// Message `tag` from `from` to `to`: n floats, exact, distinct per sender, receiver and tag.
+torch::Tensor message_of(int from, int to, int tag, int64_t n) {
+  return torch::arange(n, torch::kFloat) * 0.5f + static_cast<float>(1000 * from + 100 * to + tag);
+}
+
+// Every rank isends a message of several mailbox slots (a slot is at most 256 KiB) to every other
+// rank before anyone receives, then irecvs one from each: both ways at once, nothing waits for
+// anything but the data.
+void sends_first_both_ways(int rank, int world, const std::string& where) {
+  constexpr int64_t kLarge = 400000;  // 1.6 MB
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<torch::Tensor> got(world);
+  for (int q = 0; q < world; ++q) {
+    if (q != rank) works.push_back(ddp::isend(message_of(rank, q, 3, kLarge), q, {}, 3));
+  }
+  for (int q = 0; q < world; ++q) {
+    if (q == rank) continue;
+    got[q] = torch::empty({kLarge});
+    works.push_back(ddp::irecv(got[q], q, {}, 3));
+  }
+  for (auto& work : works) ddp::wait_collective(work, "isend/irecv both ways" + where);
+  for (int q = 0; q < world; ++q) {
+    if (q != rank) require(torch::equal(got[q], message_of(q, rank, 3, kLarge)), "the message from rank " + std::to_string(q) + where);
+  }
+}
+
+// Each rank sends the next one three messages on each of six tags, interleaved (sizes per tag and
+// index); the next receives the tags in reverse order: each tag's messages in the order sent.
+void tags_interleaved(int rank, int world, const std::string& where) {
+  const int next = (rank + 1) % world, previous = (rank + world - 1) % world;
+  const auto size_of = [](int tag, int k) { return int64_t{1} + tag * 30000 + k * 7; };
+  std::vector<c10::intrusive_ptr<c10d::Work>> sent;
+  for (int k = 0; k < 3; ++k) {
+    for (int tag = 0; tag < 6; ++tag) sent.push_back(ddp::isend(message_of(rank, next, 10 * tag + k, size_of(tag, k)), next, {}, tag));
+  }
+  for (int tag = 5; tag >= 0; --tag) {
+    for (int k = 0; k < 3; ++k) {
+      auto got = torch::empty({size_of(tag, k)});
+      require(ddp::recv(got, previous, {}, tag) == previous, "recv's source" + where);
+      require(torch::equal(got, message_of(previous, rank, 10 * tag + k, size_of(tag, k))),
+              "tag " + std::to_string(tag) + " message " + std::to_string(k) + where);
+    }
+  }
+  for (auto& work : sent) ddp::wait_collective(work, "a tagged send" + where);
+}
+
+DDP_WORKER(point_to_point_shm) {
+  worker_init();
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  const std::string where = " (rank " + std::to_string(rank) + " of " + std::to_string(world) + ")";
+  require(ddp::transport() == "gloo+shm", "expected shared memory, got " + ddp::transport());
+  sends_first_both_ways(rank, world, where);
+  tags_interleaved(rank, world, where);
+  // Rank 0 receives from any source, without knowing who comes next, two messages from each rank.
+  if (rank == 0) {
+    std::vector<int> next(world, 0);
+    for (int m = 0; m < 2 * (world - 1); ++m) {
+      auto got = torch::empty({70000});
+      const int from = ddp::recv(got, -1, {}, 5);
+      require(from > 0 && from < world, "any-source recv's sender" + where);
+      require(torch::equal(got, message_of(from, 0, next[from]++, 70000)), "a message from any source, in order" + where);
+    }
+  } else {
+    for (int k = 0; k < 2; ++k) ddp::send(message_of(rank, 0, k, 70000), 0, {}, 5);
+  }
+  // A receive waiting on one thread holds up no collective: rank 0 waits for rank 1's message,
+  // which rank 1 sends only after an all_reduce every rank runs meanwhile.
+  auto late = torch::empty({3});
+  auto waiting = rank == 0 ? ddp::irecv(late, 1, {}, 11) : c10::intrusive_ptr<c10d::Work>();
+  int one = 1;
+  ddp::all_reduce(one);
+  require(one == world, "the all_reduce while a receive waits" + where);
+  if (rank == 1) ddp::send(message_of(1, 0, 11, 3), 0, {}, 11);
+  if (rank == 0) {
+    ddp::wait_collective(waiting, "the late receive");
+    require(torch::equal(late, message_of(1, 0, 11, 3)), "the late message" + where);
+  }
+}
+TEST(MoreCollectives, PointToPointThroughSharedMemory) {
+  for (int world : {2, 3, 4}) EXPECT_WORKERS_OK(run_workers("point_to_point_shm", world));
+}
+
+// Rank 1 is killed in the middle of a 64 MB send to rank 0 (whose receive comes later: the ring
+// fills and the send stops there); rank 0's recv names rank 1; at three ranks, rank 0 and rank 2
+// exchange on.
+DDP_WORKER(point_to_point_killed) {
+  worker_init(std::chrono::seconds(30));
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  constexpr int64_t kHuge = 16 << 20;  // floats: 64 MB
+  if (rank == 1) {
+    auto work = ddp::isend(torch::ones({kHuge}), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::raise(SIGKILL);
+  }
+  if (rank == 2) {
+    auto got = torch::empty({5});
+    ddp::recv(got, 0, {}, 1);
+    require(torch::equal(got, message_of(0, 2, 1, 5)), "rank 0's message after the kill");
+    return;
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  auto got = torch::empty({kHuge});
+  try {
+    ddp::recv(got, 1);
+    fail("a recv from a killed rank passed");
+  } catch (const ddp::CollectiveError& error) {
+    require_mentions(error.what(), "rank 1 (pid", "the killed rank");
+    require_mentions(error.what(), "exited", "what happened to it");
+    require_mentions(error.what(), "rank 0's receive from rank 1 (tag 0, 67108864 bytes)", "what rank 0 was doing");
+  }
+  if (world == 3) ddp::send(message_of(0, 2, 1, 5), 2, {}, 1);
+}
+TEST(MoreCollectives, APeerKilledMidSendIsNamedByRank) {
+  for (int world : {2, 3}) {
+    const auto results = run_workers("point_to_point_killed", world);
+    for (const auto& result : results) {
+      if (result.rank == 1) {
+        EXPECT_EQ(result.signal, SIGKILL) << result.output;
+      } else {
+        EXPECT_TRUE(result.signal == 0 && !result.timed_out && result.exit_code == 0) << "rank " << result.rank << ": " << result.output;
+      }
+    }
+  }
+}
+
+// all_to_all_single on one rank while the other runs all_gather_into_tensor: shared memory's own
+// check names both, never pairs them.
+DDP_WORKER(all_to_all_desync_shm) {
+  worker_init(std::chrono::seconds(20));
+  const int rank = ddp::get_rank();
+  auto four = torch::zeros({4}), two = torch::zeros({2});
+  try {
+    if (rank == 0) {
+      ddp::all_to_all_single(four, torch::ones({4}));
+    } else {
+      ddp::all_gather_into_tensor(four, two);
+    }
+    fail("mismatched collectives were paired");
+  } catch (const ddp::CollectiveError& error) {
+    require_mentions(error.what(), "rank 0 runs all_to_all", "rank 0's collective");
+    require_mentions(error.what(), "rank 1 runs allgather", "rank 1's collective");
+  }
+}
+TEST(MoreCollectives, AllToAllInAnotherCollectiveIsNamedOverSharedMemory) {
+  EXPECT_WORKERS_OK(run_workers("all_to_all_desync_shm", 2));
 }
 
 }  // namespace

@@ -149,7 +149,7 @@ c10::intrusive_ptr<c10d::Work> OwnedGroup::_allgather_base(at::Tensor& output, a
   return inner_->allgather(outputs, inputs, opts);
 }
 
-// --- everything else: the backend's group --------------------------------------------------------
+// --- the rest: the backend's group, but all-to-all and point to point where shared memory serves ---
 
 c10::intrusive_ptr<c10d::Work> OwnedGroup::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   return inner_->reduce(tensors, opts);
@@ -177,19 +177,27 @@ c10::intrusive_ptr<c10d::Work> OwnedGroup::alltoall_base(at::Tensor& output, at:
                                                          std::vector<int64_t>& output_split_sizes,
                                                          std::vector<int64_t>& input_split_sizes,
                                                          const c10d::AllToAllOptions& opts) {
+  if (shm_ && shm_->serves_all_to_all(output, input, output_split_sizes, input_split_sizes)) {
+    return shm_->all_to_all(output, input, output_split_sizes, input_split_sizes);
+  }
   return inner_->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
 }
 c10::intrusive_ptr<c10d::Work> OwnedGroup::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                                     const c10d::AllToAllOptions& opts) {
   return inner_->alltoall(outputs, inputs, opts);
 }
+// Point to point: through the channel's mailbox on one host (it moves messages on a thread of its
+// own, so a waiting receive holds up no collective), else the backend's.
 c10::intrusive_ptr<c10d::Work> OwnedGroup::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  if (shm_ && shm_->serves_point_to_point(tensors)) return shm_->send(tensors[0], dst_rank, tag);
   return inner_->send(tensors, dst_rank, tag);
 }
 c10::intrusive_ptr<c10d::Work> OwnedGroup::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  if (shm_ && shm_->serves_point_to_point(tensors)) return shm_->recv(tensors[0], src_rank, tag);
   return inner_->recv(tensors, src_rank, tag);
 }
 c10::intrusive_ptr<c10d::Work> OwnedGroup::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  if (shm_ && shm_->serves_point_to_point(tensors)) return shm_->recv(tensors[0], -1, tag);
   return inner_->recvAnysource(tensors, tag);
 }
 

@@ -4,7 +4,8 @@
 // the library must know of a group - how it was made (so DDP can split off a group of its own),
 // its timeout, its Gloo device - and, for a Gloo group whose ranks all share one host, the
 // shared-memory channel (shm/channel.h) that runs its CPU allreduce (also coalesced), reduce-scatter
-// and allgather (into one tensor or a list), broadcast and barrier without TCP (for ranks on
+// and allgather (into one tensor or a list), all-to-all (alltoall_base), broadcast, barrier, and
+// send/recv/recvAnysource without TCP (for ranks on
 // several hosts, the same number on each: its allreduce alone, hierarchically). Where it does not,
 // a Gloo group still takes _reduce_scatter_base and _allgather_base, which 1.13's Gloo lacks: an
 // allreduce of a copy and this rank's piece of it; the list allgather into the output's pieces.

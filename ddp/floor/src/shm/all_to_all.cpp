@@ -46,7 +46,8 @@ void collect_pieces(Peers& peers, unsigned char* out, const std::vector<Piece>& 
 }
 
 // Every rank's header, read from its buffer: throws PeerError at the first piece (in rank order of
-// sender, then receiver: the same on every rank) whose size its receiver does not expect. Returns
+// sender, then receiver: the same on every rank; a rank's piece for itself too) whose size its
+// receiver does not expect. Returns
 // the largest piece between two ranks.
 std::size_t check_sizes(Peers& peers, int buffer) {
   const int size = peers.size();
@@ -54,7 +55,6 @@ std::size_t check_sizes(Peers& peers, int buffer) {
   for (int from = 0; from < size; ++from) {
     const auto* sender = reinterpret_cast<const std::uint64_t*>(peers.buffer(from, buffer));
     for (int to = 0; to < size; ++to) {
-      if (from == to) continue;
       const std::uint64_t sent = sender[to];
       const std::uint64_t expected = reinterpret_cast<const std::uint64_t*>(peers.buffer(to, buffer))[size + from];
       if (sent != expected) {
@@ -62,7 +62,7 @@ std::size_t check_sizes(Peers& peers, int buffer) {
                         "all_to_all: " + peers.name(from) + " sends " + std::to_string(sent) + " bytes to " + peers.name(to) +
                             ", which expects " + std::to_string(expected) + " bytes from it");
       }
-      largest = std::max<std::size_t>(largest, sent);
+      if (from != to) largest = std::max<std::size_t>(largest, sent);
     }
   }
   return largest;
@@ -91,13 +91,12 @@ void all_to_all(Peers& peers, const void* in, const std::vector<Piece>& sends, v
     }
     stage_pieces(peers, source, sends, 0, slot, chunk.buffer);
     peers.post();
-    // My piece for myself while the peers stage theirs.
-    if (sends[rank].bytes > 0) std::memmove(target + receives[rank].offset, source + sends[rank].offset, sends[rank].bytes);
-    // Once every peer's header and slots are in: check the sizes, copy my parts out; post that I
-    // am done reading the peers' buffers.
+    // Once every peer's header and slots are in: check the sizes, copy my parts out - and my piece
+    // for myself - then post that I am done reading the peers' buffers.
     peers.wait_all(peers.posted(), chunk.waiting_for("the peers' pieces"));
     largest = check_sizes(peers, chunk.buffer);
     collect_pieces(peers, target, receives, 0, slot, chunk.buffer);
+    if (sends[rank].bytes > 0) std::memmove(target + receives[rank].offset, source + sends[rank].offset, sends[rank].bytes);
     peers.post();
   });
   if (largest <= slot) return;

@@ -7,6 +7,7 @@
 namespace ddp::detail::shm {
 class Communicator {};
 class Hierarchical {};
+class Mailbox {};
 std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>&, int, int, std::chrono::milliseconds,
                                        const std::string&, bool, bool, const std::shared_ptr<::gloo::transport::Device>&) {
   return nullptr;
@@ -35,6 +36,17 @@ c10::intrusive_ptr<c10d::Work> Channel::reduce_scatter(at::Tensor&, at::Tensor&,
 }
 c10::intrusive_ptr<c10d::Work> Channel::allgather_into(at::Tensor&, at::Tensor&) { DDP_NO_SHM_CHANNEL("allgather_into"); }
 c10::intrusive_ptr<c10d::Work> Channel::barrier() { DDP_NO_SHM_CHANNEL("barrier"); }
+bool Channel::serves_point_to_point(const std::vector<at::Tensor>&) const { return false; }
+bool Channel::serves_all_to_all(const at::Tensor&, const at::Tensor&, const std::vector<int64_t>&,
+                                const std::vector<int64_t>&) const {
+  return false;
+}
+c10::intrusive_ptr<c10d::Work> Channel::all_to_all(at::Tensor&, at::Tensor&, const std::vector<int64_t>&,
+                                                   const std::vector<int64_t>&) {
+  DDP_NO_SHM_CHANNEL("all_to_all");
+}
+c10::intrusive_ptr<c10d::Work> Channel::send(const at::Tensor&, int, int) { DDP_NO_SHM_CHANNEL("send"); }
+c10::intrusive_ptr<c10d::Work> Channel::recv(const at::Tensor&, int, int) { DDP_NO_SHM_CHANNEL("recv"); }
 std::shared_ptr<SharedArray> Channel::share(std::size_t) { return nullptr; }
 void* Channel::mine(const SharedArray&) { return nullptr; }
 bool Channel::serves_shared_sum(c10::ScalarType) const { return false; }
@@ -65,6 +77,7 @@ c10::intrusive_ptr<c10d::Work> Channel::shared_sum(std::shared_ptr<SharedArray>,
 #include "shm/communicator.h"
 #include "shm/hierarchical.h"
 #include "shm/host_layout.h"
+#include "shm/mailbox.h"
 
 namespace ddp::detail::shm {
 namespace {
@@ -217,6 +230,7 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& st
 
   // 3. Set up, then agree: a rank may fail after a peer succeeded, and all must use one transport.
   std::unique_ptr<Communicator> communicator;
+  std::unique_ptr<Mailbox> mailbox;      // one host: point to point
   std::shared_ptr<SharedArray> scratch;  // several hosts: the hierarchical allreduce's window
   std::string failure;
   try {
@@ -229,6 +243,7 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& st
       scratch = communicator->share(Hierarchical::kScratchBytes);
     } else {
       communicator = std::make_unique<Communicator>(keys, prefix, rank, size, options);
+      mailbox = std::make_unique<Mailbox>(keys, prefix + "-m", rank, size, MailboxOptions::for_group(size, timeout));
     }
   } catch (const std::exception& error) {
     failure = error_text(error);
@@ -243,7 +258,11 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& st
     }
     return nullptr;
   }
-  if (layout.hosts() == 1) return std::unique_ptr<Channel>(new Channel(std::move(communicator), nullptr));
+  if (layout.hosts() == 1) {
+    std::unique_ptr<Channel> channel(new Channel(std::move(communicator), nullptr));
+    channel->mailbox_ = std::move(mailbox);
+    return channel;
+  }
 
   // 4. Several hosts: this rank's Gloo group across them, with the ranks of its local rank.
   auto steps = std::make_unique<Hierarchical>(layout, rank, std::move(communicator), std::move(scratch), store, device,
@@ -367,6 +386,118 @@ c10::intrusive_ptr<c10d::Work> Channel::allgather_into(at::Tensor& output, at::T
 
 c10::intrusive_ptr<c10d::Work> Channel::barrier() {
   return issue(c10d::OpType::BARRIER, {}, Where::kCallerIfIdle, [this] { communicator_->barrier(); });
+}
+
+// --- all-to-all (queued, like the collectives) and point to point (the mailbox's thread) ----------
+
+namespace {
+
+// Whether `splits` cut `tensor`'s rows into one block per rank: empty for equal blocks, else one
+// entry per rank, none negative, summing to the rows.
+bool splits_fit(const at::Tensor& tensor, const std::vector<int64_t>& splits, int size) {
+  if (tensor.dim() == 0) return false;
+  const int64_t rows = tensor.size(0);
+  if (splits.empty()) return rows % size == 0;
+  if (splits.size() != static_cast<std::size_t>(size)) return false;
+  int64_t sum = 0;
+  for (int64_t block : splits) {
+    if (block < 0) return false;
+    sum += block;
+  }
+  return sum == rows;
+}
+
+// Each rank's block of `tensor` in bytes (splits_fit holds).
+std::vector<Piece> pieces_of_splits(const at::Tensor& tensor, const std::vector<int64_t>& splits, int size) {
+  const int64_t rows = tensor.size(0);
+  const std::size_t row_bytes = rows > 0 ? tensor.nbytes() / static_cast<std::size_t>(rows) : 0;
+  std::vector<Piece> pieces;
+  std::size_t offset = 0;
+  for (int q = 0; q < size; ++q) {
+    const std::size_t bytes = static_cast<std::size_t>(splits.empty() ? rows / size : splits[q]) * row_bytes;
+    pieces.push_back({offset, bytes});
+    offset += bytes;
+  }
+  return pieces;
+}
+
+// A point-to-point Work, finished on the mailbox's thread: its future holds the tensor (as Gloo's
+// does), sourceRank() the sender.
+class MailboxWork final : public c10d::Work {
+ public:
+  MailboxWork(c10d::OpType type, at::Tensor tensor)
+      : c10d::Work(-1, type),
+        result_{std::move(tensor)},
+        future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+  void complete(int source, std::exception_ptr error) {
+    source_.store(source);
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue(result_));
+    }
+    finish(error);  // wakes wait(), after the future
+  }
+  int sourceRank() const override { return source_.load(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return result_; }
+
+ private:
+  std::vector<at::Tensor> result_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<int> source_{-1};
+};
+
+}  // namespace
+
+bool Channel::serves_point_to_point(const std::vector<at::Tensor>& tensors) const {
+  return mailbox_ && tensors.size() == 1 && dense_cpu(tensors[0]);
+}
+
+bool Channel::serves_all_to_all(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_splits,
+                                const std::vector<int64_t>& input_splits) const {
+  if (hierarchical_ || !dense_cpu(output) || !dense_cpu(input) || output.scalar_type() != input.scalar_type()) return false;
+  const int size = communicator_->size();
+  const auto* in = static_cast<const unsigned char*>(input.data_ptr());
+  const auto* out = static_cast<const unsigned char*>(output.data_ptr());
+  const bool apart = in + input.nbytes() <= out || out + output.nbytes() <= in || input.nbytes() == 0 || output.nbytes() == 0;
+  return apart && splits_fit(output, output_splits, size) && splits_fit(input, input_splits, size);
+}
+
+c10::intrusive_ptr<c10d::Work> Channel::all_to_all(at::Tensor& output, at::Tensor& input,
+                                                   const std::vector<int64_t>& output_splits,
+                                                   const std::vector<int64_t>& input_splits) {
+  const int size = communicator_->size();
+  std::vector<Piece> sends = pieces_of_splits(input, input_splits, size);
+  std::vector<Piece> receives = pieces_of_splits(output, output_splits, size);
+  return issue(c10d::OpType::ALLTOALL_BASE, {output}, where_for(input.nbytes() + output.nbytes()),
+               [this, output, input, sends = std::move(sends), receives = std::move(receives)] {
+                 communicator_->all_to_all(input.data_ptr(), sends, output.data_ptr(), receives);
+               });
+}
+
+c10::intrusive_ptr<c10d::Work> Channel::send(const at::Tensor& tensor, int dst, int tag) {
+  auto work = c10::make_intrusive<MailboxWork>(c10d::OpType::SEND, tensor);
+  at::Tensor held = tensor;  // alive until the data is in shared memory
+  void* data = held.nbytes() > 0 ? held.data_ptr() : nullptr;
+  mailbox_->send(data, held.nbytes(), dst, tag, [work, held](int source, std::exception_ptr error) mutable {
+    held = at::Tensor();  // dropped before the waiter wakes: then the caller's thread owns it alone
+    work->complete(source, error);
+  });
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> Channel::recv(const at::Tensor& tensor, int src, int tag) {
+  auto work = c10::make_intrusive<MailboxWork>(src < 0 ? c10d::OpType::RECVANYSOURCE : c10d::OpType::RECV, tensor);
+  at::Tensor held = tensor;
+  void* data = held.nbytes() > 0 ? held.data_ptr() : nullptr;
+  mailbox_->recv(data, held.nbytes(), src < 0 ? Mailbox::kAnySource : src, tag,
+                 [work, held](int source, std::exception_ptr error) mutable {
+                   held = at::Tensor();
+                   work->complete(source, error);
+                 });
+  return work;
 }
 
 // --- DDP's buckets in shared memory -----------------------------------------------------------

@@ -16,7 +16,11 @@
 // lie) with SUM, AVG, MAX, MIN, PRODUCT (AVG only of floating types; a floating SUM may be scaled
 // in the same pass); reduce-scatter of one tensor into one (c10d's _reduce_scatter_base) with the
 // same reductions; broadcast; allgather into same-shaped outputs or into one tensor
-// (_allgather_base); barrier. Hierarchical: the
+// (_allgather_base); all-to-all of one tensor into one (c10d's alltoall_base), any dtype, equal or
+// uneven splits; point-to-point send and receive (from one rank or any, with tags) of one tensor
+// of any dtype - through the group's Mailbox (mailbox.h), whose own thread moves every message,
+// so a receive that waits never holds up the collectives of the queue, nor they it, and sends never
+// wait for their receives (sends first both ways cannot deadlock). Hierarchical: the
 // allreduce alone, of float32, float64, int32 and int64. The owner (owned_group.h) sends
 // everything else to Gloo.
 //
@@ -45,6 +49,7 @@ namespace ddp::detail::shm {
 
 class Communicator;
 class Hierarchical;
+class Mailbox;
 class SharedArray;
 
 class Channel {
@@ -84,6 +89,13 @@ class Channel {
   // elements, input this rank's piece of output or apart from it.
   bool serves_allgather_into(const at::Tensor& output, const at::Tensor& input) const;
 
+  // Point to point, one tensor (c10d's send, recv, recvAnysource), on one host.
+  bool serves_point_to_point(const std::vector<at::Tensor>& tensors) const;
+  // c10d's alltoall_base: dense CPU tensors of one dtype, apart; splits (rows of dimension 0) empty
+  // for equal blocks, else one per rank summing to the tensor's rows.
+  bool serves_all_to_all(const at::Tensor& output, const at::Tensor& input, const std::vector<int64_t>& output_splits,
+                         const std::vector<int64_t>& input_splits) const;
+
   // Every tensor becomes its part of the reduction of the list taken as one array; `scale` (other
   // than 1 only for SUM of floating tensors) multiplies the sum in the same pass.
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, c10d::ReduceOp op, double scale = 1.0);
@@ -95,6 +107,14 @@ class Channel {
   c10::intrusive_ptr<c10d::Work> reduce_scatter(at::Tensor& output, at::Tensor& input, c10d::ReduceOp op);
   c10::intrusive_ptr<c10d::Work> allgather_into(at::Tensor& output, at::Tensor& input);
   c10::intrusive_ptr<c10d::Work> barrier();
+  // Rank q's block of input (rows input_splits[q], or an equal share) lands in rank q's output, in
+  // its block for this rank; in the queue's order, like the collectives.
+  c10::intrusive_ptr<c10d::Work> all_to_all(at::Tensor& output, at::Tensor& input, const std::vector<int64_t>& output_splits,
+                                            const std::vector<int64_t>& input_splits);
+  // The Work completes once the tensor is in shared memory (send) or holds the message (recv);
+  // `src` -1 receives from any rank, and the Work's sourceRank() says which sent it.
+  c10::intrusive_ptr<c10d::Work> send(const at::Tensor& tensor, int dst, int tag);
+  c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& tensor, int src, int tag);
 
   // Memory every rank of the group maps (communicator.h, SharedArray) - across hosts, every rank of
   // its host (hierarchical.h) - for DDP's gradient buckets (gradient_buffers.h), reduced where they
@@ -127,6 +147,7 @@ class Channel {
   // One of the two: every rank of the group on this host, or several hosts (the allreduce only).
   std::unique_ptr<Communicator> communicator_;
   std::unique_ptr<Hierarchical> hierarchical_;
+  std::unique_ptr<Mailbox> mailbox_;  // on one host: point to point (its own thread)
   mutable std::mutex mutex_;  // guards the queue, running_ and stopping_
   std::condition_variable wake_;
   std::deque<std::function<void()>> queue_;

@@ -99,13 +99,16 @@ void Communicator::reduce_scatter(const void* in, std::size_t count, void* out, 
 void Communicator::all_to_all(const void* in, const std::vector<Piece>& sends, void* out,
                               const std::vector<Piece>& receives) {
   const auto n = static_cast<std::size_t>(size());
-  if (sends.size() != n || receives.size() != n || sends[rank()].bytes != receives[rank()].bytes) {
+  if (sends.size() != n || receives.size() != n) {
     throw std::invalid_argument("shm::Communicator::all_to_all: " + std::to_string(sends.size()) + " pieces to send and " +
-                                std::to_string(receives.size()) + " to receive for " + std::to_string(n) +
-                                " ranks, or this rank's own piece of two sizes");
+                                std::to_string(receives.size()) + " to receive for " + std::to_string(n) + " ranks");
   }
   peers_.throw_if_failed();
   if (size() == 1) {
+    if (sends[0].bytes != receives[0].bytes) {
+      throw std::invalid_argument("shm::Communicator::all_to_all: rank 0 sends " + std::to_string(sends[0].bytes) +
+                                  " bytes to itself, and expects " + std::to_string(receives[0].bytes));
+    }
     if (sends[0].bytes > 0) {
       std::memmove(static_cast<unsigned char*>(out) + receives[0].offset, static_cast<const unsigned char*>(in) + sends[0].offset,
                    sends[0].bytes);

@@ -78,7 +78,7 @@ class Communicator {
   // differ in size from rank to rank - uneven splits - but each must be the size its receiver
   // expects: the ranks compare them, and throw PeerError naming the first that differs). `in` and
   // `out` must not overlap. Throws std::invalid_argument (before communicating) for lists that are
-  // not one per rank, or this rank's own piece of two sizes.
+  // not one per rank.
   void all_to_all(const void* in, const std::vector<Piece>& sends, void* out, const std::vector<Piece>& receives);
   // Returns once every rank has called barrier().
   void barrier();
