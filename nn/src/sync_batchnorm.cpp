@@ -49,25 +49,59 @@ c10::ScalarType compute_type(const Tensor& input) {
   return type == at::kHalf || type == at::kBFloat16 ? at::kFloat : type;
 }
 
+// Every rank's gathered row of step 2 (float64, on the CPU): [dim, channels, count], mean (C), var (C).
+struct GatheredRows {
+  const double* data;
+  int64_t world, width;
+  double at(int64_t rank, int64_t i) const { return data[rank * width + i]; }
+};
+
 // Every rank's input must be (N, C, ...) with 2 to 5 dimensions: each rank sees all headers, so
 // all fail together with the same message.
-void check_inputs_fit(const Tensor& gathered, int64_t num_features) {
-  const auto world = gathered.size(0);
+void check_inputs_fit(const GatheredRows& rows, int64_t num_features) {
+  const auto dim = [&](int64_t r) { return static_cast<int64_t>(rows.at(r, 0)); };
+  const auto channels = [&](int64_t r) { return static_cast<int64_t>(rows.at(r, 1)); };
   bool fit = true;
-  for (int64_t r = 0; r < world; ++r) {
-    const auto dim = gathered[r][0].item<int64_t>();
-    fit = fit && dim >= 2 && dim <= 5 && gathered[r][1].item<int64_t>() == num_features;
-  }
+  for (int64_t r = 0; r < rows.world; ++r) fit = fit && dim(r) >= 2 && dim(r) <= 5 && channels(r) == num_features;
   if (fit) return;
   std::ostringstream message;
   message << who(num_features) << ": every rank's input must be (N, " << num_features
           << ", ...) with 2 to 5 dimensions, but";
-  for (int64_t r = 0; r < world; ++r) {
-    message << (r ? "," : "") << " rank " << r << " has a " << gathered[r][0].item<int64_t>() << "-D input";
-    if (gathered[r][0].item<int64_t>() >= 2) message << " of " << gathered[r][1].item<int64_t>() << " channels";
+  for (int64_t r = 0; r < rows.world; ++r) {
+    message << (r ? "," : "") << " rank " << r << " has a " << dim(r) << "-D input";
+    if (dim(r) >= 2) message << " of " << channels(r) << " channels";
   }
   message << ". Give every rank inputs of the channels the layer was built with";
   throw std::invalid_argument(message.str());
+}
+
+// Step 3: the global batch's count, and its mean and biased variance per channel (float64, CPU),
+// each rank weighted by its count. Plain loops over 2C + 3 numbers per rank: a dozen tensor
+// operations on vectors this short cost more in dispatch than in arithmetic.
+struct GlobalStatistics {
+  double count = 0;
+  Tensor mean, var;
+};
+GlobalStatistics combine(const GatheredRows& rows, int64_t C) {
+  GlobalStatistics out;
+  for (int64_t r = 0; r < rows.world; ++r) out.count += rows.at(r, 2);
+  out.mean = torch::zeros({C}, torch::kDouble);
+  out.var = torch::zeros({C}, torch::kDouble);
+  if (out.count <= 0) return out;
+  double* mean = out.mean.data_ptr<double>();
+  double* var = out.var.data_ptr<double>();
+  for (int64_t c = 0; c < C; ++c) {
+    double sum = 0;
+    for (int64_t r = 0; r < rows.world; ++r) sum += rows.at(r, kHeader + c) * rows.at(r, 2);
+    mean[c] = sum / out.count;
+    double spread = 0;
+    for (int64_t r = 0; r < rows.world; ++r) {
+      const double d = rows.at(r, kHeader + c) - mean[c];
+      spread += (rows.at(r, kHeader + C + c) + d * d) * rows.at(r, 2);
+    }
+    var[c] = spread / out.count;
+  }
+  return out;
 }
 
 // What the autograd function needs besides the tensors it differentiates.
@@ -89,34 +123,35 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const auto wire = torch::TensorOptions().dtype(at::kDouble).device(input.device());
     // 1. This rank's per-channel statistics (zeros and a count of 0 for an empty batch).
     const int64_t count = fits ? input.numel() / C : 0;
-    Tensor local_mean = torch::zeros({C}, wire), local_var = torch::zeros({C}, wire);
+    Tensor local_mean, local_var;
     if (count > 0) {
       auto [v, m] = at::var_mean(input.to(acc), at::IntArrayRef(reduced_dims(input)), /*unbiased=*/false,
                                  /*keepdim=*/false);
       local_mean = m.to(at::kDouble);
       local_var = v.to(at::kDouble);
+    } else {
+      local_mean = local_var = torch::zeros({C}, wire);
     }
     const Tensor header = torch::tensor({static_cast<double>(input.dim()),
                                          static_cast<double>(input.dim() >= 2 ? input.size(1) : 0),
                                          static_cast<double>(count)}, wire);
-    // 2. One allgather of [header, mean, var] from every rank.
+    // 2. One allgather of [header, mean, var] from every rank, into the rows of one tensor.
+    const int64_t world = s.group->getSize();
     std::vector<Tensor> mine{torch::cat({header, local_mean, local_var}).to(collective_device(s.group))};
+    const Tensor rows = torch::empty({world, mine[0].numel()}, mine[0].options());
     std::vector<std::vector<Tensor>> all(1);
-    for (int r = 0; r < s.group->getSize(); ++r) all[0].push_back(torch::empty_like(mine[0]));
+    for (int64_t r = 0; r < world; ++r) all[0].push_back(rows[r]);
     wait_collective(s.group->allgather(all, mine),
                             [&] { return who(C) + ": allgather of the batch statistics in forward"; });
-    const Tensor gathered = torch::stack(all[0]).cpu();
-    check_inputs_fit(gathered, C);
+    const Tensor gathered = rows.cpu();
+    const GatheredRows view{gathered.data_ptr<double>(), world, gathered.size(1)};
+    check_inputs_fit(view, C);
     // 3. Global count, mean and biased variance, each rank weighted by its count.
-    const Tensor counts = gathered.select(1, 2).unsqueeze(1);
-    const double total = counts.sum().item<double>();
+    const auto [total, global_mean, global_var] = combine(view, C);
     if (total <= 1) {
       throw std::invalid_argument(who(C) + ": expected more than 1 value per channel when training, got " +
                                   std::to_string(static_cast<int64_t>(total)) + " in the global batch of every rank");
     }
-    const Tensor means = gathered.narrow(1, kHeader, C), vars = gathered.narrow(1, kHeader + C, C);
-    const Tensor global_mean = (means * counts).sum(0) / total;
-    const Tensor global_var = ((vars + (means - global_mean).pow(2)) * counts).sum(0) / total;
     // 4. Running statistics from the global batch, with the unbiased variance.
     if (s.running_mean.defined()) {
       torch::NoGradGuard no_grad;
