@@ -438,6 +438,16 @@ class MailboxWork final : public c10d::Work {
       future_->markCompleted(c10::IValue(result_));
     }
     finish(error);  // wakes wait(), after the future
+    finished_.store(true, std::memory_order_release);
+  }
+  // A message is usually microseconds away: look for a while before sleeping on the condition
+  // variable, whose wake-up would cost more than that.
+  bool wait(std::chrono::milliseconds timeout) override {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+    for (unsigned polls = 1; !finished_.load(std::memory_order_acquire); ++polls) {
+      if (polls % 64 == 0 && std::chrono::steady_clock::now() >= until) break;
+    }
+    return c10d::Work::wait(timeout);
   }
   int sourceRank() const override { return source_.load(); }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
@@ -447,6 +457,7 @@ class MailboxWork final : public c10d::Work {
   std::vector<at::Tensor> result_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<int> source_{-1};
+  std::atomic<bool> finished_{false};
 };
 
 }  // namespace

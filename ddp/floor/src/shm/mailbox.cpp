@@ -138,6 +138,7 @@ Mailbox::Mailbox(Rendezvous& rendezvous, const std::string& name_prefix, int ran
   pid_ = static_cast<std::int32_t>(::getpid());
   sends_.resize(size_);
   broken_.resize(size_);
+  writing_.resize(size_);
   incoming_.resize(size_);
   if (size_ == 1) return;  // nobody to write to
   spin_ = options_.spin.count() >= 0 ? options_.spin : mailbox_cpus() >= size_ ? 20us : 2us;
@@ -284,14 +285,18 @@ void Mailbox::add(std::unique_ptr<Operation> operation) {
   start_thread();
   std::unique_ptr<Operation> message;  // an unexpected message this receive takes
   std::exception_ptr error;
-  bool queued = false;
+  bool queued = false, here = false;
+  const int peer = operation->peer;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (operation->peer != kAnySource && !broken_[operation->peer].empty()) {
-      error = std::make_exception_ptr(PeerError(operation->peer, broken_[operation->peer]));
+    if (peer != kAnySource && !broken_[peer].empty()) {
+      error = std::make_exception_ptr(PeerError(peer, broken_[peer]));
+    } else if (operation->is_send && sends_[peer].empty() && !writing_[peer]) {
+      writing_[peer] = 1;  // nothing before it: this thread may write it (below)
+      here = true;
     } else if (operation->is_send) {
       operation->last_move = MailClock::now();
-      sends_[operation->peer].push_back(std::move(operation));
+      sends_[peer].push_back(std::move(operation));
       queued = true;
     } else if (!(message = take_unexpected(*operation))) {
       operation->last_move = MailClock::now();
@@ -299,18 +304,39 @@ void Mailbox::add(std::unique_ptr<Operation> operation) {
       queued = true;
     }
   }
+  if (here && !send_here(*operation)) {  // too large for the free slots now: the thread sends it
+    operation->last_move = MailClock::now();
+    std::lock_guard<std::mutex> lock(mutex_);
+    sends_[peer].push_back(std::move(operation));
+    queued = true;
+  }
   if (queued) {
     shm::post(peers_[rank_].header->doorbell);  // the thread looks at the new operation
     return;
   }
-  if (error) {
-    operation->done(operation->peer, error);
+  if (error || here) {
+    operation->done(error ? peer : rank_, error);
     return;
   }
   if (message) {
     deliver(*operation, message->peer, message->buffer, error);
     operation->done(operation->source, error);
   }
+}
+
+// A send with nothing queued before it, written on the caller's thread when all of it fits in the
+// free slots of its ring (a small message: no wait for the mailbox's thread). Says whether it was;
+// either way the ring is the thread's again.
+bool Mailbox::send_here(Operation& send) {
+  const int dst = send.peer;
+  Ring& ring = outbox(rank_, dst);
+  const std::size_t chunks = std::max<std::size_t>(1, (send.bytes + options_.slot_bytes - 1) / options_.slot_bytes);
+  const std::uint32_t in_use = ring.written.load(std::memory_order_relaxed) - ring.consumed.load(std::memory_order_acquire);
+  const bool fits = chunks <= static_cast<std::size_t>(options_.slots) - in_use;
+  if (fits) move_send(dst, send);
+  std::lock_guard<std::mutex> lock(mutex_);
+  writing_[dst] = 0;
+  return fits;
 }
 
 // The oldest unexpected message `receive` takes, removed from the list (under mutex_), or null.
@@ -359,28 +385,32 @@ void Mailbox::deliver(Operation& receive, int source, const std::vector<unsigned
   if (!data.empty()) copy_bytes(receive.data, data.data(), data.size());
 }
 
+// The promises are shared with the callbacks: a callback may still be inside set_value() when the
+// caller, woken, returns.
 void Mailbox::send(const void* data, std::size_t bytes, int dst, int tag, Lane lane) {
-  std::promise<void> finished;
-  send(data, bytes, dst, tag, [&](int, std::exception_ptr error) {
+  auto finished = std::make_shared<std::promise<void>>();
+  std::future<void> result = finished->get_future();
+  send(data, bytes, dst, tag, [finished](int, std::exception_ptr error) {
     if (error) {
-      finished.set_exception(error);
+      finished->set_exception(error);
     } else {
-      finished.set_value();
+      finished->set_value();
     }
   }, lane);
-  finished.get_future().get();
+  result.get();
 }
 
 int Mailbox::recv(void* data, std::size_t bytes, int src, int tag, Lane lane) {
-  std::promise<int> finished;
-  recv(data, bytes, src, tag, [&](int source, std::exception_ptr error) {
+  auto finished = std::make_shared<std::promise<int>>();
+  std::future<int> result = finished->get_future();
+  recv(data, bytes, src, tag, [finished](int source, std::exception_ptr error) {
     if (error) {
-      finished.set_exception(error);
+      finished->set_exception(error);
     } else {
-      finished.set_value(source);
+      finished->set_value(source);
     }
   }, lane);
-  return finished.get_future().get();
+  return result.get();
 }
 
 // --- The thread: sends out, arrivals in, then sleep until there is news ----------------------------
@@ -422,13 +452,19 @@ bool Mailbox::move_sends(std::vector<Completion>& completed) {
     Operation* head = nullptr;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!sends_[dst].empty()) head = sends_[dst].front().get();
+      if (!sends_[dst].empty() && !writing_[dst]) {  // a caller writing a send of its own goes first
+        head = sends_[dst].front().get();
+        writing_[dst] = 1;
+      }
     }
-    if (head == nullptr || !move_send(dst, *head)) continue;
+    if (head == nullptr) continue;
+    const bool wrote = move_send(dst, *head);
+    std::lock_guard<std::mutex> lock(mutex_);
+    writing_[dst] = 0;
+    if (!wrote) continue;
     moved = true;
     if (head->moved < head->bytes) continue;
     // All of it is in the ring: done. Only this thread removes sends, so the head is still `head`.
-    std::lock_guard<std::mutex> lock(mutex_);
     completed.emplace_back(std::move(sends_[dst].front()), nullptr);
     sends_[dst].pop_front();
     if (!sends_[dst].empty()) sends_[dst].front()->last_move = MailClock::now();  // its wait begins now

@@ -21,13 +21,15 @@
 // particular: when nothing can move it sleeps on its doorbell, a counter in its own segment that
 // a peer bumps (wait.h's post(): a count of events, by any process) after writing a chunk for it
 // or taking one of its chunks, and that this process bumps when a caller adds a send or receive.
-// A message nobody has asked for yet is taken all the same, into private memory ("unexpected"),
-// where a later receive finds it. So a send completes once its data is in the receiver's ring or
-// private memory, without waiting for a matching receive, and no pattern of sends and receives
-// that would finish with unlimited buffers can deadlock here: two ranks that each send first and
-// receive second both finish, a rank blocked in a receive still drains every peer's sends, and
-// the collectives issued by other threads (the channel's own thread, channel.h) never wait
-// behind a receive, which runs on this thread only.
+// A send with nothing queued before it whose message fits in the free slots of its ring is
+// written by the caller's thread instead, and done when send() returns (a small message does not
+// wait for the mailbox's thread to wake). A message nobody has asked for yet is taken all the
+// same, into private memory ("unexpected"), where a later receive finds it. So a send completes
+// once its data is in the receiver's ring or private memory, without waiting for a matching
+// receive, and no pattern of sends and receives that would finish with unlimited buffers can
+// deadlock here: two ranks that each send first and receive second both finish, a rank blocked in
+// a receive still drains every peer's sends, and the collectives issued by other threads (the
+// channel's own thread, channel.h) never wait behind a receive, which runs on this thread only.
 //
 // Matching, as PyTorch: a message goes to the oldest receive still waiting whose source is its
 // sender (or any source) and whose tag and lane are its own, else it waits, in arrival order,
@@ -44,8 +46,8 @@
 // with the same error.
 //
 // Thread-safety: send() and recv() may be called from any thread. Their `done` callbacks run on
-// the mailbox's thread (or on the caller's, for a receive whose message was already there), one
-// at a time, and must not block on other messages of this mailbox. A child forked after setup
+// the mailbox's thread (or on the caller's, for a send written there or a receive whose message
+// was already there), and must not block on other messages of this mailbox. A child forked after setup
 // must not use the mailbox (destroying it there is harmless).
 #include <chrono>
 #include <cstddef>
@@ -130,6 +132,7 @@ class Mailbox {
   void set_up(Rendezvous& rendezvous);
   void start_thread();
   void add(std::unique_ptr<Operation> operation);
+  bool send_here(Operation& send);
   void run();
   bool move_sends(std::vector<Completion>& completed);
   bool move_send(int dst, Operation& send);
@@ -168,6 +171,7 @@ class Mailbox {
   std::deque<std::unique_ptr<Operation>> receives_;            // waiting for a message, oldest first
   std::deque<std::unique_ptr<Operation>> unexpected_;          // messages taken before their receive
   std::vector<std::string> broken_;                            // by peer: why the pair is unusable, or ""
+  std::vector<char> writing_;  // by destination: a thread writes into its ring (the mailbox's, or a caller's)
   bool stopping_ = false;
   // The thread's own: the message being taken from each source.
   std::vector<std::unique_ptr<Incoming>> incoming_;
