@@ -117,18 +117,18 @@ dcgan)
   # The port's lines: "[ 1/ 1][ 40/938] D_loss: ... | G_loss: ..." and "-> checkpoint N".
   lines='\[ 1/ 1\]\[ *[0-9]+/938\] D_loss|-> checkpoint'
   start "$dir/straight" "$dir/straight.log" "$dcgan" --epochs 1
-  until_both '\[ 1/ 1\]\[ 70/938\]' "$dir/straight.log" || { out=$(cat "$dir/straight.log"); fail "straight run: no line of batch 70"; }
+  until_both '\[ 1/ 1\]\[ 40/938\]' "$dir/straight.log" || { out=$(cat "$dir/straight.log"); fail "straight run: no line of batch 40"; }
   stop
   # Both ranks train: every loss printed is a finite number.
   grep -qiE 'D_loss: .*(nan|inf)' "$dir/straight.log" && { out=$(cat "$dir/straight.log"); fail "straight run: a loss is not finite"; }
-  # Stopped once its first checkpoint (batch 20) is on disk.
+  # Stopped once its first checkpoint (batch 10) is on disk.
   start "$dir/resumed" "$dir/first.log" "$dcgan" --epochs 1
   while [ ! -f "$dir/resumed/dcgan-checkpoint.pt" ] && kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
   stop
   [ -f "$dir/resumed/dcgan-checkpoint.pt" ] || { out=$(cat "$dir/first.log"); fail "first run: no dcgan-checkpoint.pt"; }
-  grep -qE '\[ 1/ 1\]\[ 70/938\]' "$dir/first.log" && { out=$(cat "$dir/first.log"); fail "first run was not stopped before batch 70"; }
+  grep -qE '\[ 1/ 1\]\[ 40/938\]' "$dir/first.log" && { out=$(cat "$dir/first.log"); fail "first run was not stopped before batch 40"; }
   start "$dir/resumed" "$dir/resumed.log" "$dcgan" --epochs 1
-  until_both '\[ 1/ 1\]\[ 70/938\]' "$dir/resumed.log" || { out=$(cat "$dir/resumed.log"); fail "resumed run: no line of batch 70"; }
+  until_both '\[ 1/ 1\]\[ 40/938\]' "$dir/resumed.log" || { out=$(cat "$dir/resumed.log"); fail "resumed run: no line of batch 40"; }
   stop
   out=$(cat "$dir/resumed.log")
   grep -qE "resumed from dcgan-checkpoint.pt" <<<"$out" || fail "no 'resumed from dcgan-checkpoint.pt' line"
