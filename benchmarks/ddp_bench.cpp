@@ -307,10 +307,34 @@ void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& 
   std::ofstream(fs::path(o.out) / memory_file(config, group->getSize(), spec)) << out.dump(1) << "\n";
 }
 
+// The shared-memory core's own allreduce (ddp_shm_bench, built beside the tests: no c10d, no
+// thread, no tensor) at `sizes` world's ranks, run by rank 0 while the others wait: the floor under
+// the public path, printed beside it. ddp_shm_bench's sizes are this section's, in the same order
+// (its largest is 33.6 MB, 8.4 M floats, against 32 MiB here). Empty when it is not built.
+std::vector<double> core_allreduce_ms(int world, size_t sizes, bool quick) {
+  const fs::path binary = fs::read_symlink("/proc/self/exe").parent_path() / ".." / "tests" / "shm" / "ddp_shm_bench";
+  if (!fs::exists(binary)) return {};
+  const std::string command = binary.string() + " --ranks " + std::to_string(world) +
+                              (quick ? " --runs-scale 0.05" : " --runs-scale 0.5") + " 2>/dev/null";
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return {};
+  const char* labels[] = {"4 KB ", "256 KB ", "4 MB ", "33.6 MB "};
+  std::vector<double> ms;
+  char line[512];
+  while (std::fgets(line, sizeof line, pipe) != nullptr && ms.size() < sizes) {
+    const std::string text = line;
+    double value = 0;
+    if (text.rfind(labels[ms.size()], 0) == 0 && std::sscanf(line + 9, "%lf", &value) == 1) ms.push_back(value);
+  }
+  ::pclose(pipe);
+  if (ms.size() != sizes) return {};
+  return ms;
+}
+
 // ddp::all_reduce (the public path: c10d's allreduce and wait_collective) of float32 tensors from
 // 4 KB to 33.6 MB (mlp_b4's gradients), over the default group (shared memory when the ranks share
 // this host) and over Gloo alone, interleaved: per round each size runs `reps` times on each group.
-// Rank 0 prints the medians and writes allreduce_w<W>.json.
+// Rank 0 prints the medians beside the shared-memory core's and writes allreduce_w<W>.json.
 void allreduce_job(const Options& o, const Groups& groups) {
   const int rank = groups.ours->getRank(), world = groups.ours->getSize();
   const std::vector<int64_t> bytes = o.quick ? std::vector<int64_t>{4096, 262144}
@@ -332,15 +356,19 @@ void allreduce_job(const Options& o, const Groups& groups) {
     }
   }
   if (rank != 0) return;
+  const std::vector<double> core = core_allreduce_ms(world, bytes.size(), o.quick);
   json out = {{"world", world}, {"transport", ddp::transport(groups.ours)}, {"sizes", json::array()}};
-  std::printf("allreduce of float32 at world %d: %s vs gloo (median of %d)\n", world,
-              ddp::transport(groups.ours).c_str(), rounds * reps);
-  std::printf("%12s %12s %12s %8s\n", "bytes", "default ms", "gloo ms", "ratio");
+  std::printf("allreduce of float32 at world %d: %s vs gloo (median of %d); core: the shared-memory core alone "
+              "(ddp_shm_bench)\n", world, ddp::transport(groups.ours).c_str(), rounds * reps);
+  std::printf("%12s %12s %12s %12s %8s\n", "bytes", "default ms", "core ms", "gloo ms", "ratio");
   for (size_t b = 0; b < bytes.size(); ++b) {
     const double a = median(shm[b]), g = median(gloo[b]);
-    std::printf("%12lld %12.3f %12.3f %8.3f\n", static_cast<long long>(bytes[b]), a, g, a / g);
+    char core_ms[32] = "-";
+    if (!core.empty()) std::snprintf(core_ms, sizeof core_ms, "%.4f", core[b]);
+    std::printf("%12lld %12.4f %12s %12.3f %8.3f\n", static_cast<long long>(bytes[b]), a, core_ms, g, a / g);
     out["sizes"].push_back({{"bytes", bytes[b]}, {"default_ms", a}, {"gloo_ms", g}, {"ratio", a / g},
                             {"default_times_ms", shm[b]}, {"gloo_times_ms", gloo[b]}});
+    if (!core.empty()) out["sizes"].back()["core_ms"] = core[b];
   }
   const std::string stem = (fs::path(o.out) / ("allreduce_w" + std::to_string(world))).string();
   std::ofstream(stem + ".json") << out.dump(1) << "\n";
