@@ -403,6 +403,33 @@ TEST(FullyShard, AShardedCheckpointResumesAtTheSameAndAtOtherWorldSizes) {
   }
 }
 
+// HSDP on a 2 x 2 mesh: the ranks of one shard coordinate hold the same rows, and each writes them;
+// a load at 1-D world sizes takes each row from the first file that holds it.
+DDP_WORKER(fsdp_sharded_save_hybrid) {
+  worker_init();
+  ddp::DeviceMesh mesh = ddp::init_device_mesh({2, 2}, {"replicate", "shard"});
+  torch::manual_seed(21);
+  ShardNet net(7);
+  const auto options = ddp::FSDPOptions().mesh(mesh);
+  for (auto& block : net->blocks) ddp::fully_shard(block, options);
+  auto model = ddp::fully_shard(net, options);
+  torch::optim::Adam optimizer(net->parameters(), 0.01);
+  train_steps(model, optimizer, 0, 5);
+  ddp::save_checkpoint(sharded_path(), model, &optimizer, ddp::TrainingState{0, 5},
+                       ddp::CheckpointOptions().full_state_dict(false));
+  const std::string own = sharded_path() + ".rank-" + std::to_string(ddp::get_rank()) + "-of-4";
+  const int64_t rows = ddp::load_state_dict(own).find("in.weight")->size(0);
+  require(rows == (mesh.coordinate()[1] == 0 ? 6 : 5), own + " holds " + std::to_string(rows) + " rows of in.weight");
+}
+TEST(FullyShard, AShardedCheckpointOfHybridShardingResumesOneDimensional) {
+  RunOptions options;
+  options.shared_dir = make_temp_dir("fsdp-sharded-hybrid");
+  options.env["SAVED_AT"] = "4";
+  EXPECT_WORKERS_OK(run_workers("fsdp_sharded_save_hybrid", 4, options));
+  for (const int world : {2, 3}) EXPECT_WORKERS_OK(run_workers("fsdp_sharded_resume", world, options));
+  remove_tree(options.shared_dir);
+}
+
 // Loading reads only the files it needs (at the saving world size: this rank's own), and each file
 // it cannot use is named: a missing one, another save's, a damaged one; a plain module is told
 // which format it met.
