@@ -110,6 +110,15 @@ DDP_WORKER(libtorch_loader_forms) {
   auto ours = ddp::make_data_loader(OwnIndexDataset(11), ddp::DistributedSampler(11), 4);
   static_assert(std::is_same_v<decltype(ours), std::unique_ptr<ddp::DataLoader<OwnIndexDataset>>>);
   require(indices_fetched(*ours) == expected, "ddp::make_data_loader fetched " + join(indices_fetched(*ours)));
+  // LibTorch's two-argument form, spelled ddp::: the sampler made from the dataset's size and the
+  // default group, reached through the loader for set_epoch and its state.
+  auto own = ddp::make_data_loader(OwnIndexDataset(11), torch::data::DataLoaderOptions(4).workers(1));
+  require(indices_fetched(*own) == expected, "ddp::make_data_loader(dataset, options) fetched " + join(indices_fetched(*own)));
+  own->sampler().set_epoch(3);
+  const auto epoch3 = ddp::distributed_indices(11, 2, rank, true, 0, 3, false);
+  require(indices_fetched(*own) == epoch3, "loader->sampler().set_epoch(3) did not reach the loader");
+  require(own->sampler().state() == ddp::SamplerState{3, static_cast<int64_t>(epoch3.size())},
+          "loader->sampler().state() is not what the loop received");
 }
 
 TEST(DistributedSampler, LibTorchsOwnLoaderFormsWorkWithTheWholeLibraryIncluded) {

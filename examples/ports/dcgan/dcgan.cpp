@@ -133,9 +133,8 @@ int main(int argc, const char* argv[]) {
   const int64_t batches_per_epoch = static_cast<int64_t>(
       std::ceil(dataset.size().value() / static_cast<double>(kBatchSize)));
 
-  ddp::DistributedSampler sampler(dataset.size().value());
   auto data_loader = ddp::make_data_loader(
-      std::move(dataset), sampler,
+      std::move(dataset),
       torch::data::DataLoaderOptions().batch_size(kBatchSize).workers(2));
 
   ddp::DistributedOptimizer<torch::optim::Adam> generator_optimizer(
@@ -146,11 +145,11 @@ int main(int argc, const char* argv[]) {
   int64_t checkpoint_counter = 1;
   const std::vector<ddp::CheckpointEntry> checkpoint = {{"generator", generator}, {"discriminator", discriminator},
       {"generator_optimizer", generator_optimizer}, {"discriminator_optimizer", discriminator_optimizer},
-      {"sampler", sampler}, {"checkpoint_counter", checkpoint_counter}};
+      {"sampler", data_loader->sampler()}, {"checkpoint_counter", checkpoint_counter}};
   ddp::load_checkpoint_if_exists("dcgan-checkpoint.pt", checkpoint);
-  for (int64_t epoch = std::max<int64_t>(1, sampler.epoch()); epoch <= kNumberOfEpochs; ++epoch) {
-    sampler.set_epoch(epoch);
-    int64_t batch_index = sampler.state().consumed / kBatchSize;
+  for (int64_t epoch = std::max<int64_t>(1, data_loader->sampler().epoch()); epoch <= kNumberOfEpochs; ++epoch) {
+    data_loader->sampler().set_epoch(epoch);
+    int64_t batch_index = data_loader->sampler().state().consumed / kBatchSize;
     for (const torch::data::Example<>& batch : *data_loader) {
       // Train discriminator with real images.
       discriminator->zero_grad();

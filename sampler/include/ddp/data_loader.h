@@ -7,6 +7,12 @@
 //                                       torch::data::DataLoaderOptions().batch_size(64).workers(2));
 //   for (auto& batch : *loader) { ...; save(sampler.state()); }   // resumes at the next batch
 //
+// Or LibTorch's own form, the sampler made by the loader (PyTorch's defaults: the whole dataset,
+// shuffled, the default group's rank and world size) and reached through it:
+//
+//   auto loader = ddp::make_data_loader(std::move(dataset), torch::data::DataLoaderOptions(64).workers(2));
+//   loader->sampler().set_epoch(epoch);   // and {"sampler", loader->sampler()} in a checkpoint
+//
 // Why: LibTorch's loader with workers(k) asks the sampler for max_jobs (2k by default) batches
 // ahead of the program, so the sampler alone counts batches still in the workers' hands; a resume
 // from that count would skip them. This loader is LibTorch's own (the same options, workers,
@@ -100,6 +106,8 @@ class DataLoader {
   // As LibTorch's: stops the workers (the destructor does too).
   void join() { inner_->join(); }
   const torch::data::FullDataLoaderOptions& options() const noexcept { return inner_->options(); }
+  // The loader's sampler (a handle on the one it draws from): set_epoch, state(), a checkpoint entry.
+  DistributedSampler& sampler() noexcept { return sampler_; }
 
  private:
   DistributedSampler sampler_;
@@ -117,11 +125,24 @@ struct MakeDataLoader {
                                                   torch::data::DataLoaderOptions options) const {
     return std::make_unique<DataLoader<Dataset>>(std::move(dataset), std::move(sampler), std::move(options));
   }
+  // The sampler made here over the whole dataset, with DistributedSamplerOptions' defaults.
+  template <typename Dataset>
+  std::unique_ptr<DataLoader<Dataset>> operator()(Dataset dataset, torch::data::DataLoaderOptions options) const {
+    const auto size = dataset.size();
+    if (!size) {
+      throw std::invalid_argument(
+          "ddp::make_data_loader: the dataset does not know its size, so no DistributedSampler can be made for it; "
+          "make one yourself and pass it: ddp::make_data_loader(dataset, sampler, options)");
+    }
+    DistributedSampler sampler(*size);
+    return (*this)(std::move(dataset), std::move(sampler), std::move(options));
+  }
 };
 }  // namespace detail
 
 // torch::data::make_data_loader(dataset, sampler, options) with a DistributedSampler, whose state()
-// then counts the batches the program received (see above). `options` may be a batch size.
+// then counts the batches the program received (see above); or (dataset, options), the sampler made
+// here and reached as loader->sampler(). `options` may be a batch size.
 inline constexpr detail::MakeDataLoader make_data_loader{};
 
 }  // namespace ddp
