@@ -14,6 +14,7 @@
 #include <torch/version.h>
 
 #include <ddp/distributed_data_parallel.h>
+#include <ddp/distributed_optimizer.h>
 
 #include "models.h"
 #include "multiprocess.h"
@@ -192,7 +193,8 @@ TEST(CollectiveSafety, DdpCollectivesNeverPairWithTheProgramsOwn) {
 // The same program on a group built with c10d directly used to end with both ranks "succeeding"
 // and diverged replicas (DDP shared the group, so rank 1's impostor stood in for the bucket).
 // Such a group cannot be split: DDP refuses it, saying how to make one it can use.
-DDP_WORKER(ddp_refuses_a_c10d_group) {
+// A Gloo group built with c10d directly, over a store of its own.
+ddp::ProcessGroupPtr c10d_gloo_group() {
   const int rank = worker_rank(), world = worker_world_size();
   auto store = c10::make_intrusive<c10d::FileStore>(std::string(std::getenv("DDP_TEST_STORE")) + ".c10d", world);
   auto options = c10d::ProcessGroupGloo::Options::create();
@@ -202,14 +204,28 @@ DDP_WORKER(ddp_refuses_a_c10d_group) {
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, world);
   group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
   group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  return group;
 #else
-  ddp::ProcessGroupPtr group = gloo;
+  return gloo;
 #endif
+}
+
+DDP_WORKER(ddp_refuses_a_c10d_group) {
+  const int rank = worker_rank();
+  const ddp::ProcessGroupPtr group = c10d_gloo_group();
   MLP net;
   const std::string message = error_of<std::invalid_argument>(
       [&] { ddp::DistributedDataParallel model(net, ddp::DDPOptions().process_group(group)); });
   require_mentions(message, "built with c10d directly", "rank " + std::to_string(rank));
   require_mentions(message, "ddp::init_process_group (the default group) or ddp::new_group", "rank " + std::to_string(rank));
+  // Horovod's path splits off a group of its own as DDP does: the same refusal, in its own name.
+  const std::string optimizer = error_of<std::invalid_argument>([&] {
+    ddp::DistributedOptimizer<torch::optim::SGD> distributed(ddp::DistributedOptimizerOptions().process_group(group),
+                                                             net->parameters(), torch::optim::SGDOptions(0.1));
+  });
+  require_mentions(optimizer, "DistributedOptimizer: the process group was built with c10d directly",
+                   "rank " + std::to_string(rank));
+  require_mentions(optimizer, "ddp::new_group", "rank " + std::to_string(rank));
 }
 TEST(CollectiveSafety, DdpRefusesAGroupBuiltWithC10dDirectly) {
   EXPECT_WORKERS_OK(run_workers("ddp_refuses_a_c10d_group", 2));
