@@ -1052,6 +1052,10 @@ struct Needed {
   std::vector<at::Tensor> state_rows;   // the optimizer's state, tensor by tensor (undefined: not shard-shaped)
 };
 
+std::unique_ptr<RankFile> assemble_shards(const std::string& path, const SavedRecord& index_record,
+                                          torch::nn::Module& module, torch::optim::Optimizer* optimizer,
+                                          const LoadOptions& options, std::vector<Needed>& needs, bool same_layout);
+
 // Not collective: this rank's rows of every parameter and of their optimizer state from the files
 // that hold them (its own file alone when the world and layout are those it was saved at), its
 // RNG and states from its own file (rank 0's states for a rank the saving world did not have).
@@ -1086,6 +1090,46 @@ TrainingState load_sharded(const std::string& path, const SavedRecord& index_rec
   if (!wrong_shape.empty()) {
     throw CheckpointError("checkpoint " + path + " does not match the model:\n  shape mismatch: " + joined_names(wrong_shape));
   }
+  bool same_layout = rank < index.world;  // this rank's file holds exactly its rows
+  for (const auto& need : needs) {
+    const size_t k = static_cast<size_t>(rank * count) + need.saved;
+    same_layout = same_layout && index.first_rows[k] == need.shard->first_row && index.rows[k] == need.shard->rows;
+  }
+  // At another layout every needed file's optimizer state is loaded in turn to cut its rows from:
+  // the optimizer as it was comes back when a file fails.
+  std::string optimizer_before;
+  if (optimizer != nullptr && !same_layout) {
+    torch::serialize::OutputArchive archive;
+    optimizer->save(archive);
+    optimizer_before = bytes_of(archive);
+  }
+  std::unique_ptr<RankFile> home_file;
+  try {
+    home_file = assemble_shards(path, index_record, module, optimizer, options, needs, same_layout);
+  } catch (...) {
+    if (!optimizer_before.empty()) {
+      torch::serialize::InputArchive archive;
+      archive.load_from(optimizer_before.data(), optimizer_before.size());
+      optimizer->load(archive);
+    }
+    throw;
+  }
+  restore_rank_state(home_file->saved, home_file->path, options);
+  return index_record.state;
+}
+
+// load_sharded's reading: the files this rank needs, in order (its own first), their rows of the
+// parameters and of the optimizer's state into `needs`, then into the model and the optimizer.
+// Returns this rank's own file (rank 0's for a rank the saving world did not have), read.
+std::unique_ptr<RankFile> assemble_shards(const std::string& path, const SavedRecord& index_record,
+                                          torch::nn::Module& module, torch::optim::Optimizer* optimizer,
+                                          const LoadOptions& options, std::vector<Needed>& needs, bool same_layout) {
+  const ShardedIndex& index = *index_record.sharded_index;
+  const ProcessGroupPtr group = resolve_group(options.group());
+  const int64_t rank = group ? group->getRank() : 0;
+  const auto count = static_cast<int64_t>(index.names.size());
+  const int64_t home = rank < index.world ? rank : 0;
+  const ParameterNames name_of = parameter_names(one_model(module, optimizer));
   // The whole rows [from, to) of a parameter that rank r's file holds and this rank needs.
   auto overlap = [&](const Needed& need, int64_t r) {
     const size_t k = static_cast<size_t>(r * count) + need.saved;
@@ -1102,13 +1146,6 @@ TrainingState load_sharded(const std::string& path, const SavedRecord& index_rec
     }
     return false;
   };
-  const int64_t home = rank < index.world ? rank : 0;
-  bool same_layout = rank < index.world;  // this rank's file holds exactly its rows
-  for (const auto& need : needs) {
-    const size_t k = static_cast<size_t>(rank * count) + need.saved;
-    same_layout = same_layout && index.first_rows[k] == need.shard->first_row && index.rows[k] == need.shard->rows;
-  }
-  const ParameterNames name_of = parameter_names(one_model(module, optimizer));
   auto take_state_rows = [&](int64_t r) {
     auto& states = optimizer->state();
     for (auto& need : needs) {
@@ -1206,8 +1243,7 @@ TrainingState load_sharded(const std::string& path, const SavedRecord& index_rec
       throw CheckpointError("the optimizer state in " + path + " is refused: " + error.what());
     }
   }
-  restore_rank_state(home_file->saved, home_file->path, options);
-  return index_record.state;
+  return home_file;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // every refusal names what was wrong.
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <type_traits>
 
 #include <gtest/gtest.h>
@@ -494,11 +495,54 @@ DDP_WORKER(fsdp_sharded_refusals) {
   require(restored.loaded && restored.path == newer && restored.state.global_step == 2,
           "load_checkpoint_if_exists did not resume from the newest sharded checkpoint");
 }
+
+// Adam's state, tensor by tensor, by its key in the optimizer's state map.
+auto adam_state(torch::optim::Adam& optimizer) {
+  using Key = std::decay_t<decltype(optimizer.state().begin()->first)>;
+  std::map<Key, std::vector<torch::Tensor>> state;
+  for (const auto& [key, value] : optimizer.state()) {
+    const auto& adam = static_cast<const torch::optim::AdamParamState&>(*value);
+    state[key] = {adam.exp_avg().clone(), adam.exp_avg_sq().clone(), torch::tensor(adam.step())};
+  }
+  return state;
+}
+
+// At W=3, the W=2 checkpoint whose rank 1 file is gone: rank 0's rows all lie in rank 0's file, so
+// it loads; rank 1 needs its missing home file; rank 2 reads rank 0's file (its optimizer state
+// too), then needs rank 1's. A load that fails leaves the optimizer as it was.
+DDP_WORKER(fsdp_sharded_failed_load) {
+  worker_init();
+  const int rank = ddp::get_rank();
+  torch::manual_seed(21);
+  ShardNet net(7);
+  auto model = shard_net(net);
+  torch::optim::Adam optimizer(net->parameters(), 0.01);
+  train_steps(model, optimizer, 0, 1);
+  const auto before = adam_state(optimizer);
+  if (rank == 0) {
+    require(ddp::load_checkpoint(sharded_path(), model, &optimizer).world_size == 2, "rank 0 did not load");
+    return;
+  }
+  require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(sharded_path(), model, &optimizer); },
+                                       sharded_path() + ".rank-1-of-2 is missing", "a missing rank file at W=3");
+  const auto after = adam_state(optimizer);
+  require(after.size() == before.size(), "the failed load changed which parameters have optimizer state");
+  for (const auto& [key, tensors] : before) {
+    const auto found = after.find(key);
+    require(found != after.end(), "the failed load dropped a parameter's optimizer state");
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      require(found->second[i].sizes() == tensors[i].sizes() && torch::equal(found->second[i], tensors[i]),
+              "the failed load left another optimizer state behind");
+    }
+  }
+}
+
 TEST(FullyShard, AShardedCheckpointNamesTheFileItCannotUse) {
   RunOptions options;
   options.shared_dir = make_temp_dir("fsdp-sharded-refusals");
   options.env["SAVED_AT"] = "2";
   EXPECT_WORKERS_OK(run_workers("fsdp_sharded_refusals", 2, options));
+  EXPECT_WORKERS_OK(run_workers("fsdp_sharded_failed_load", 3, options));
   remove_tree(options.shared_dir);
 }
 
