@@ -1153,7 +1153,8 @@ std::unique_ptr<RankFile> assemble_shards(const std::string& path, const SavedRe
       if (found == states.end()) continue;  // never stepped
       const size_t k = static_cast<size_t>(r * count) + need.saved;
       const auto saved_shape = rows_shape(need.shard->shape, index.rows[k]);
-      const auto [from, to] = overlap(need, r);
+      const auto range = overlap(need, r);  // named, not bound: clang before 16 cannot capture a binding
+      const int64_t from = range.first, to = range.second;
       size_t slot = 0;
       const bool known = detail::for_each_state_tensor(*found->second, [&](at::Tensor& tensor) {
         if (need.state_rows.size() <= slot) need.state_rows.emplace_back();
