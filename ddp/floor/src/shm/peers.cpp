@@ -85,39 +85,52 @@ static_assert(sizeof(Peers::ControlBlock) <= kControlBytes, "the control block m
 
 // --- Setup ---------------------------------------------------------------------------------------
 
-SetupVerdicts::SetupVerdicts(Rendezvous& rendezvous, const std::string& key_prefix, int rank)
-    : rendezvous_(rendezvous), key_(key_prefix), me_(std::to_string(rank)) {}
+namespace {
 
-void SetupVerdicts::tell(const char* step, const std::string& failure) {
-  try {
-    rendezvous_.set(key_ + step + "/" + me_, failure.empty() ? std::string("ok") : "error: " + failure);
-  } catch (const std::exception& e) {
-    throw ShmUnavailable("rank " + me_ + ": publishing \"" + step + "\": " + e.what());
+// Each rank's verdicts on the steps of setting up, through the caller's Rendezvous (before any
+// shared memory exists): under "<key_prefix><step>/<rank>", "ok" or "error: " and why not. The
+// tell and hear of agree() in set_up_segments.
+class SetupVerdicts {
+ public:
+  SetupVerdicts(Rendezvous& rendezvous, const std::string& key_prefix, int rank)
+      : rendezvous_(rendezvous), key_(key_prefix), me_(std::to_string(rank)) {}
+
+  // Publishes this rank's verdict on `step` ("" when it went well, else why not).
+  void tell(const char* step, const std::string& failure) {
+    try {
+      rendezvous_.set(key_ + step + "/" + me_, failure.empty() ? std::string("ok") : "error: " + failure);
+    } catch (const std::exception& e) {
+      throw ShmUnavailable("rank " + me_ + ": publishing \"" + step + "\": " + e.what());
+    }
   }
-}
-
-std::string SetupVerdicts::hear(const char* step, int peer) {
-  std::string status;
-  try {
-    status = rendezvous_.get(key_ + step + "/" + std::to_string(peer));
-  } catch (const std::exception& e) {
-    throw ShmUnavailable("rank " + me_ + ": waiting for rank " + std::to_string(peer) + " (" + step + "): " + e.what());
+  // `peer`'s verdict on `step`, once it is published: "" when it went well, else what it said.
+  // Throws ShmUnavailable when the rendezvous cannot say (its timeout).
+  std::string hear(const char* step, int peer) {
+    std::string status;
+    try {
+      status = rendezvous_.get(key_ + step + "/" + std::to_string(peer));
+    } catch (const std::exception& e) {
+      throw ShmUnavailable("rank " + me_ + ": waiting for rank " + std::to_string(peer) + " (" + step + "): " + e.what());
+    }
+    return status == "ok" ? "" : status;
   }
-  return status == "ok" ? "" : status;
-}
+  const std::string& me() const noexcept { return me_; }
 
-Peers::Peers(Rendezvous& rendezvous, const std::string& name_prefix, int rank, int size, const Options& options)
-    : options_(checked_options(options, rank, size)), prefix_(name_prefix), rank_(rank), size_(size) {
-  sources_.resize(size_);
-  if (size_ == 1) return;  // nothing to share
-  // Oversubscribed, the rank we wait for may need our core: spin only briefly before sleeping.
-  spin_ = options_.spin.count() >= 0 ? options_.spin : cpus_available() >= size_ ? 20us : 2us;
-  peers_.resize(size_);
-  const std::size_t segment_bytes = kControlBytes + 2 * options_.chunk_bytes;
-  SetupVerdicts verdicts(rendezvous, "torchddp/shm" + name_prefix + "/", rank_);
-  const auto blame = [&](const char* failed_to) {
-    return [&verdicts, this, failed_to](int r, const std::string& why) {
-      return r == rank_ ? "rank " + verdicts.me() + ": " + why : "rank " + std::to_string(r) + " could not " + failed_to + ": " + why;
+ private:
+  Rendezvous& rendezvous_;
+  const std::string key_;
+  const std::string me_;
+};
+
+}  // namespace
+
+std::vector<Segment> set_up_segments(Rendezvous& rendezvous, int rank, int size, const SegmentsSetUp& set_up) {
+  std::vector<Segment> segments(size);
+  const auto name_of = [&](int r) { return set_up.name_prefix + "-" + std::to_string(r); };
+  SetupVerdicts verdicts(rendezvous, set_up.key_prefix, rank);
+  const auto blame = [&](const std::string& failed_to) {
+    return [&verdicts, rank, failed_to](int r, const std::string& why) {
+      return r == rank ? "rank " + verdicts.me() + ": " + why : "rank " + std::to_string(r) + " could not " + failed_to + ": " + why;
     };
   };
   std::vector<int> created;  // peers whose segments exist: if setup fails, their names go too (below)
@@ -127,63 +140,74 @@ Peers::Peers(Rendezvous& rendezvous, const std::string& name_prefix, int rank, i
     return why;
   };
   // 1. Create my segment and tell the peers, so that they fail at once if I could not; learn that
-  //    every peer's exists. 2. Map each one; learn that every rank mapped every segment. Then
-  //    nobody needs a name any more.
-  const std::string creating = create_segment(segment_bytes);
+  //    every peer's exists.
+  const std::string creating = verdict_of([&] {
+    segments[rank] = Segment::create(name_of(rank), set_up.bytes);
+    set_up.fill(segments[rank].data());
+  });
   try {
-    agree(rank_, size_, creating, [&](const std::string& mine) { verdicts.tell("created", mine); }, hear_created,
-          blame("create its segment"));
-    agree(rank_, size_, map_segments(created, segment_bytes), [&](const std::string& mine) { verdicts.tell("mapped", mine); },
-          [&](int p) { return verdicts.hear("mapped", p); }, blame("map the group's segments"));
+    agree(rank, size, creating, [&](const std::string& mine) { verdicts.tell("created", mine); }, hear_created,
+          blame(set_up.create_failed));
+    // 2. Map each one and check it is the one we expect; learn that every rank mapped every segment.
+    const std::string mapping = verdict_of([&] {
+      for (int p : created) {
+        segments[p] = Segment::open(name_of(p), set_up.bytes);
+        if (!set_up.matches(segments[p].data(), p)) {
+          throw ShmUnavailable("shared memory object " + name_of(p) + " is not rank " + std::to_string(p) + "'s " + set_up.mismatch);
+        }
+      }
+    });
+    agree(rank, size, mapping, [&](const std::string& mine) { verdicts.tell("mapped", mine); },
+          [&](int p) { return verdicts.hear("mapped", p); }, blame(set_up.map_failed));
   } catch (...) {
     // Setup failed, so nobody will map anything again: remove the names of the peers' segments
-    // too, in case a peer died before removing its own (mine goes with peers_[rank_]).
-    for (int p : created) ::shm_unlink(segment_name(p).c_str());
+    // too, in case a peer died before removing its own (mine goes with segments[rank]).
+    for (int p : created) ::shm_unlink(name_of(p).c_str());
     throw;
   }
-  // 3. Remove my name: from now on the memory lives exactly as long as some process maps it.
-  peers_[rank_].segment.unlink();
+  // 3. Nobody needs a name any more: remove mine. From now on the memory lives exactly as long as
+  //    some process maps it.
+  segments[rank].unlink();
+  return segments;
+}
+
+Peers::Peers(Rendezvous& rendezvous, const std::string& name_prefix, int rank, int size, const Options& options)
+    : options_(checked_options(options, rank, size)), prefix_(name_prefix), rank_(rank), size_(size) {
+  sources_.resize(size_);
+  if (size_ == 1) return;  // nothing to share
+  // Oversubscribed, the rank we wait for may need our core: spin only briefly before sleeping.
+  spin_ = options_.spin.count() >= 0 ? options_.spin : cpus_available() >= size_ ? 20us : 2us;
+  SegmentsSetUp set_up;
+  set_up.key_prefix = "torchddp/shm" + name_prefix + "/";
+  set_up.name_prefix = name_prefix;
+  set_up.bytes = kControlBytes + 2 * options_.chunk_bytes;
+  set_up.fill = [this](void* memory) { fill_control_block(memory); };
+  set_up.matches = [this](const void* memory, int peer) { return is_control_block(memory, peer); };
+  set_up.mismatch = "segment of this group (another version of the library, other options, or another group's name)";
+  set_up.create_failed = "create its segment";
+  set_up.map_failed = "map the group's segments";
+  std::vector<Segment> segments = set_up_segments(rendezvous, rank_, size_, set_up);
+  peers_.resize(size_);
+  for (int p = 0; p < size_; ++p) peers_[p].segment = std::move(segments[p]);
   watch_peers();
 }
 
-std::string Peers::segment_name(int rank) const { return prefix_ + "-" + std::to_string(rank); }
-
-// Creates my segment and fills in its control block: "" when it went well, else why not.
-std::string Peers::create_segment(std::size_t segment_bytes) {
-  try {
-    Peer& self = peers_[rank_];
-    self.segment = Segment::create(segment_name(rank_), segment_bytes);
-    auto* control = new (self.segment.data()) ControlBlock{};
-    control->magic = kMagic;
-    control->version = kVersion;
-    control->rank = rank_;
-    control->size = size_;
-    control->pid = static_cast<std::int32_t>(::getpid());
-    control->start_time = read_process(control->pid).start_time;
-    control->chunk_bytes = options_.chunk_bytes;
-    control->one_step_bytes = options_.one_step_bytes;
-    return "";
-  } catch (const std::exception& e) {
-    return e.what();
-  }
+void Peers::fill_control_block(void* memory) const {
+  auto* control = new (memory) ControlBlock{};
+  control->magic = kMagic;
+  control->version = kVersion;
+  control->rank = rank_;
+  control->size = size_;
+  control->pid = static_cast<std::int32_t>(::getpid());
+  control->start_time = read_process(control->pid).start_time;
+  control->chunk_bytes = options_.chunk_bytes;
+  control->one_step_bytes = options_.one_step_bytes;
 }
 
-// Maps every peer's segment and makes sure it is the one we expect: "" when it went well, else why not.
-std::string Peers::map_segments(const std::vector<int>& created, std::size_t segment_bytes) {
-  try {
-    for (int p : created) {
-      peers_[p].segment = Segment::open(segment_name(p), segment_bytes);
-      const auto* control = static_cast<const ControlBlock*>(peers_[p].segment.data());
-      if (control->magic != kMagic || control->version != kVersion || control->rank != p || control->size != size_ ||
-          control->chunk_bytes != options_.chunk_bytes || control->one_step_bytes != options_.one_step_bytes) {
-        throw ShmUnavailable("shared memory object " + segment_name(p) + " is not rank " + std::to_string(p) +
-                             "'s segment of this group (another version of the library, other options, or another group's name)");
-      }
-    }
-    return "";
-  } catch (const std::exception& e) {
-    return e.what();
-  }
+bool Peers::is_control_block(const void* memory, int peer) const {
+  const auto* control = static_cast<const ControlBlock*>(memory);
+  return control->magic == kMagic && control->version == kVersion && control->rank == peer && control->size == size_ &&
+         control->chunk_bytes == options_.chunk_bytes && control->one_step_bytes == options_.one_step_bytes;
 }
 
 // Every segment mapped: where each peer's control block and buffers are, and whether its pid can

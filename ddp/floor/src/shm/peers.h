@@ -36,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -98,24 +99,38 @@ void agree(int rank, int size, const std::string& mine, Tell&& tell, Hear&& hear
   }
 }
 
-// Each rank's verdicts on the steps of setting up, through the caller's Rendezvous (before any
-// shared memory exists): under "<key_prefix><step>/<rank>", "ok" or "error: " and why not. The
-// tell and hear of agree() for a set-up's rendezvous.
-class SetupVerdicts {
- public:
-  SetupVerdicts(Rendezvous& rendezvous, const std::string& key_prefix, int rank);
-  // Publishes this rank's verdict on `step` ("" when it went well, else why not).
-  void tell(const char* step, const std::string& failure);
-  // `peer`'s verdict on `step`, once it is published: "" when it went well, else what it said.
-  // Throws ShmUnavailable when the rendezvous cannot say (its timeout).
-  std::string hear(const char* step, int peer);
-  const std::string& me() const noexcept { return me_; }
+// What `step` threw (its what()), or "" when it went well: a rank's verdict on a step of setting up.
+template <typename StepOfSetUp>
+std::string verdict_of(StepOfSetUp&& step) {
+  try {
+    step();
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
 
- private:
-  Rendezvous& rendezvous_;
-  const std::string key_;
-  const std::string me_;
+// A group's segments, one per rank, "<name_prefix>-<rank>", as set_up_segments() makes them.
+struct SegmentsSetUp {
+  std::string key_prefix;   // the rendezvous keys: "<key_prefix><step>/<rank>"
+  std::string name_prefix;
+  std::size_t bytes = 0;
+  std::function<void(void* memory)> fill;  // writes this rank's header into its new segment
+  // Whether `memory` is what `peer`'s fill wrote for this group; where not, it "is not rank p's
+  // <mismatch>".
+  std::function<bool(const void* memory, int peer)> matches;
+  std::string mismatch;
+  std::string create_failed;  // "rank p could not <create_failed>: ..."
+  std::string map_failed;     // "rank p could not <map_failed>: ..."
 };
+
+// The set-up of a group's segments, agreed (agree) after each step through the rendezvous: every
+// rank creates and fills its segment, maps every peer's and checks it (matches), then unlinks its
+// own name - after which /dev/shm holds nothing of the group. Returns the segments by rank. Throws
+// ShmUnavailable when a step failed on any rank (the same rank named everywhere), leaving nothing of
+// this rank in /dev/shm, and removing the names of the peers' segments too (a peer may have died
+// before removing its own).
+std::vector<Segment> set_up_segments(Rendezvous& rendezvous, int rank, int size, const SegmentsSetUp& set_up);
 
 struct Descriptor;  // steps.h
 struct Step;
@@ -187,9 +202,8 @@ class Peers {
     bool check_pid = false;  // its pid is visible here (same pid namespace)
   };
 
-  std::string segment_name(int rank) const;
-  std::string create_segment(std::size_t segment_bytes);
-  std::string map_segments(const std::vector<int>& created, std::size_t segment_bytes);
+  void fill_control_block(void* memory) const;
+  bool is_control_block(const void* memory, int peer) const;
   void watch_peers();
   void begin(const Descriptor& descriptor);
   int acquire_buffer(const Step& step, bool will_write);

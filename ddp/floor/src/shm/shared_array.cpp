@@ -51,15 +51,6 @@ std::shared_ptr<SharedArray> Communicator::share(std::size_t bytes) {
              " bytes: " + why;
     };
   };
-  // What `step` threw, or "" when it went well.
-  const auto verdict_of = [](auto&& step) {
-    try {
-      step();
-      return std::string();
-    } catch (const std::exception& e) {
-      return std::string(e.what());
-    }
-  };
   try {
     // 1. Create my part (zeroed, its pages allocated now); learn whether every rank could.
     agree(rank(), size(), verdict_of([&] { array->segments_[rank()] = Segment::create(name_of(rank()), segment_bytes); }),
