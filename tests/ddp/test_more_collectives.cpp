@@ -419,6 +419,46 @@ TEST(MoreCollectives, APeerKilledMidSendIsNamedByRank) {
   }
 }
 
+// all_to_all_single of large uneven blocks (rank q sends (q + i + 1) x 9000 rows of 8 floats to
+// rank i: 0.3 to 2.3 MB a block, many staging rounds; this rank's block for itself copied beside
+// the exchange), equal large blocks, and the same through the group handle's alltoall_base.
+DDP_WORKER(all_to_all_large) {
+  worker_init();
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  const std::string where = " (rank " + std::to_string(rank) + " of " + std::to_string(world) + ")";
+  require(ddp::transport() == "gloo+shm", "expected shared memory, got " + ddp::transport());
+  auto block = [](int from, int to, int64_t rows) {
+    return torch::arange(rows * 8, torch::kFloat).view({rows, 8}) + static_cast<float>(100000 * from + 1000 * to);
+  };
+  for (const bool even : {false, true}) {
+    std::vector<torch::Tensor> send, expect;
+    std::vector<int64_t> in_splits, out_splits;
+    for (int i = 0; i < world; ++i) {
+      const int64_t out_rows = even ? 30000 : (rank + i + 1) * 9000, in_rows = even ? 30000 : (i + rank + 1) * 9000;
+      send.push_back(block(rank, i, out_rows));
+      in_splits.push_back(out_rows);
+      expect.push_back(block(i, rank, in_rows));
+      out_splits.push_back(in_rows);
+    }
+    const auto expected = torch::cat(expect);
+    auto output = torch::full_like(expected, -1);
+    if (even) {
+      ddp::all_to_all_single(output, torch::cat(send), {}, {});
+    } else {
+      ddp::all_to_all_single(output, torch::cat(send), out_splits, in_splits);
+    }
+    require(torch::equal(output, expected), std::string("all_to_all_single of large ") + (even ? "equal" : "uneven") + " blocks" + where);
+    auto through_c10d = torch::full_like(expected, -1);
+    auto input = torch::cat(send);
+    c10d::AllToAllOptions options;
+    ddp::wait_collective(ddp::default_group()->alltoall_base(through_c10d, input, out_splits, in_splits, options), "alltoall_base");
+    require(torch::equal(through_c10d, expected), "alltoall_base of large blocks" + where);
+  }
+}
+TEST(MoreCollectives, AllToAllOfLargeBlocksThroughSharedMemory) {
+  for (int world : {2, 3, 4}) EXPECT_WORKERS_OK(run_workers("all_to_all_large", world));
+}
+
 // all_to_all_single on one rank while the other runs all_gather_into_tensor: shared memory's own
 // check names both, never pairs them.
 DDP_WORKER(all_to_all_desync_shm) {

@@ -42,8 +42,10 @@ void barrier(Peers& peers);
 // sends[q]: the part of `in` for rank q; receives[p]: the part of `out` rank p's piece for this
 // rank lands in (this rank's own piece is copied within the rank). Every piece must be the size
 // its receiver expects: all_to_all checks that on every rank (the same first mismatch named
-// everywhere). `in` and `out` must not overlap. (all_to_all.cpp)
-void all_to_all(Peers& peers, const void* in, const std::vector<Piece>& sends, void* out, const std::vector<Piece>& receives);
+// everywhere). `in` and `out` must not overlap. Without `own_piece`, the caller copies this rank's
+// piece for itself (on another thread, meanwhile). (all_to_all.cpp)
+void all_to_all(Peers& peers, const void* in, const std::vector<Piece>& sends, void* out, const std::vector<Piece>& receives,
+                bool own_piece);
 
 // reduce_scatter's bytes per staging slot: a buffer holds W - 1 of them, each a whole number of
 // elements and, where there is room, of cache lines (whole vectors for the reduction). 0 when not

@@ -68,6 +68,17 @@ std::size_t check_sizes(Peers& peers, int buffer) {
   return largest;
 }
 
+// Bytes [first, first + n) of this rank's piece for itself into their place (as much of them as
+// both sides of the piece hold: before the sizes are checked, a wrong one must not write past
+// its place).
+void copy_own_piece(int rank, const unsigned char* in, const std::vector<Piece>& sends, unsigned char* out,
+                    const std::vector<Piece>& receives, std::size_t first, std::size_t n) {
+  if (rank < 0) return;  // the caller copies it
+  const std::size_t bytes = std::min(sends[rank].bytes, receives[rank].bytes);
+  if (first >= bytes) return;
+  std::memmove(out + receives[rank].offset + first, in + sends[rank].offset + first, std::min(n, bytes - first));
+}
+
 }  // namespace
 
 std::size_t all_to_all_slot_bytes(const Peers& peers) {
@@ -76,8 +87,10 @@ std::size_t all_to_all_slot_bytes(const Peers& peers) {
   return (chunk - header) / static_cast<std::size_t>(peers.size() - 1) / 64 * 64;
 }
 
-void all_to_all(Peers& peers, const void* in, const std::vector<Piece>& sends, void* out, const std::vector<Piece>& receives) {
+void all_to_all(Peers& peers, const void* in, const std::vector<Piece>& sends, void* out, const std::vector<Piece>& receives,
+                bool own_piece) {
   const int rank = peers.rank(), size = peers.size();
+  const int own = own_piece ? rank : -1;  // the rank whose piece for itself this call copies (-1: none)
   const auto* source = static_cast<const unsigned char*>(in);
   auto* target = static_cast<unsigned char*>(out);
   const std::size_t slot = all_to_all_slot_bytes(peers);
@@ -91,24 +104,30 @@ void all_to_all(Peers& peers, const void* in, const std::vector<Piece>& sends, v
     }
     stage_pieces(peers, source, sends, 0, slot, chunk.buffer);
     peers.post();
-    // Once every peer's header and slots are in: check the sizes, copy my parts out - and my piece
-    // for myself - then post that I am done reading the peers' buffers.
+    // While the peers stage theirs: the same bytes of my piece for myself.
+    copy_own_piece(own, source, sends, target, receives, 0, slot);
+    // Once every peer's header and slots are in: check the sizes, copy my parts out; post that I
+    // am done reading the peers' buffers.
     peers.wait_all(peers.posted(), chunk.waiting_for("the peers' pieces"));
     largest = check_sizes(peers, chunk.buffer);
     collect_pieces(peers, target, receives, 0, slot, chunk.buffer);
-    if (sends[rank].bytes > 0) std::memmove(target + receives[rank].offset, source + sends[rank].offset, sends[rank].bytes);
     peers.post();
   });
-  if (largest <= slot) return;
   // The rest, a slot of every piece per round, as many rounds on every rank (the sizes are known).
-  peers.for_each_chunk(largest - slot, slot, true, [&](const Chunk& chunk) {
-    const std::size_t first = slot + chunk.first;
-    stage_pieces(peers, source, sends, first, slot, chunk.buffer);
-    peers.post();
-    peers.wait_all(peers.posted(), chunk.waiting_for("the peers' pieces"));
-    collect_pieces(peers, target, receives, first, slot, chunk.buffer);
-    peers.post();
-  });
+  if (largest > slot) {
+    peers.for_each_chunk(largest - slot, slot, true, [&](const Chunk& chunk) {
+      const std::size_t first = slot + chunk.first;
+      stage_pieces(peers, source, sends, first, slot, chunk.buffer);
+      peers.post();
+      copy_own_piece(own, source, sends, target, receives, first, slot);
+      peers.wait_all(peers.posted(), chunk.waiting_for("the peers' pieces"));
+      collect_pieces(peers, target, receives, first, slot, chunk.buffer);
+      peers.post();
+    });
+  }
+  // My piece for myself beyond the rounds (when it is larger than every piece between two ranks).
+  const std::size_t rounds_cover = std::max(largest, slot);
+  if (own_piece) copy_own_piece(own, source, sends, target, receives, rounds_cover, sends[rank].bytes);
 }
 
 }  // namespace ddp::detail::shm::algorithm

@@ -64,7 +64,9 @@ c10::intrusive_ptr<c10d::Work> Channel::shared_sum(std::shared_ptr<SharedArray>,
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <future>
 #include <optional>
 #include <random>
 #include <utility>
@@ -425,8 +427,9 @@ std::vector<Piece> pieces_of_splits(const at::Tensor& tensor, const std::vector<
 // does), sourceRank() the sender.
 class MailboxWork final : public c10d::Work {
  public:
-  MailboxWork(c10d::OpType type, at::Tensor tensor)
+  MailboxWork(c10d::OpType type, at::Tensor tensor, Mailbox* mailbox)
       : c10d::Work(-1, type),
+        mailbox_(mailbox),
         result_{std::move(tensor)},
         future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
 
@@ -440,12 +443,15 @@ class MailboxWork final : public c10d::Work {
     finish(error);  // wakes wait(), after the future
     finished_.store(true, std::memory_order_release);
   }
-  // A message is usually microseconds away: look for a while before sleeping on the condition
-  // variable, whose wake-up would cost more than that.
+  // A small message is usually microseconds away: for a while, move messages on this thread (the
+  // mailbox's thread may be asleep, or have no core) before sleeping on the condition variable,
+  // whose wake-up would cost more than that. A large one is left to the mailbox's thread: a waiter
+  // preempted while it moves a chunk would hold the thread up. The group outlives its Works' waits.
   bool wait(std::chrono::milliseconds timeout) override {
+    constexpr std::size_t kMoveHereBytes = 64 * 1024;
     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
-    for (unsigned polls = 1; !finished_.load(std::memory_order_acquire); ++polls) {
-      if (polls % 64 == 0 && std::chrono::steady_clock::now() >= until) break;
+    for (unsigned polls = 1; result_[0].nbytes() <= kMoveHereBytes && !finished_.load(std::memory_order_acquire); ++polls) {
+      if (!mailbox_->progress() && polls % 16 == 0 && std::chrono::steady_clock::now() >= until) break;
     }
     return c10d::Work::wait(timeout);
   }
@@ -454,6 +460,7 @@ class MailboxWork final : public c10d::Work {
   std::vector<at::Tensor> result() override { return result_; }
 
  private:
+  Mailbox* mailbox_;
   std::vector<at::Tensor> result_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::atomic<int> source_{-1};
@@ -482,14 +489,32 @@ c10::intrusive_ptr<c10d::Work> Channel::all_to_all(at::Tensor& output, at::Tenso
   const int size = communicator_->size();
   std::vector<Piece> sends = pieces_of_splits(input, input_splits, size);
   std::vector<Piece> receives = pieces_of_splits(output, output_splits, size);
-  return issue(c10d::OpType::ALLTOALL_BASE, {output}, where_for(input.nbytes() + output.nbytes()),
-               [this, output, input, sends = std::move(sends), receives = std::move(receives)] {
-                 communicator_->all_to_all(input.data_ptr(), sends, output.data_ptr(), receives);
-               });
+  const Where where = where_for(input.nbytes() + output.nbytes());
+  if (where != Where::kChannelThread) {
+    return issue(c10d::OpType::ALLTOALL_BASE, {output}, where, [this, output, input, sends, receives] {
+      communicator_->all_to_all(input.data_ptr(), sends, output.data_ptr(), receives);
+    });
+  }
+  // Large: this thread copies this rank's piece for itself while the channel's thread exchanges the
+  // others' (one copy fewer on its path), and the Work completes once both are done.
+  auto own_copied = std::make_shared<std::promise<void>>();
+  std::shared_future<void> own_done = own_copied->get_future().share();
+  auto work = issue(c10d::OpType::ALLTOALL_BASE, {output}, where, [this, output, input, sends, receives, own_done] {
+    communicator_->all_to_all(input.data_ptr(), sends, output.data_ptr(), receives, /*own_piece=*/false);
+    own_done.wait();
+  });
+  const int rank = communicator_->rank();
+  const std::size_t own = std::min(sends[rank].bytes, receives[rank].bytes);  // all_to_all names sizes that differ
+  if (own > 0) {
+    std::memmove(static_cast<unsigned char*>(output.data_ptr()) + receives[rank].offset,
+                 static_cast<const unsigned char*>(input.data_ptr()) + sends[rank].offset, own);
+  }
+  own_copied->set_value();
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> Channel::send(const at::Tensor& tensor, int dst, int tag) {
-  auto work = c10::make_intrusive<MailboxWork>(c10d::OpType::SEND, tensor);
+  auto work = c10::make_intrusive<MailboxWork>(c10d::OpType::SEND, tensor, mailbox_.get());
   at::Tensor held = tensor;  // alive until the data is in shared memory
   void* data = held.nbytes() > 0 ? held.data_ptr() : nullptr;
   mailbox_->send(data, held.nbytes(), dst, tag, [work, held](int source, std::exception_ptr error) mutable {
@@ -500,7 +525,8 @@ c10::intrusive_ptr<c10d::Work> Channel::send(const at::Tensor& tensor, int dst, 
 }
 
 c10::intrusive_ptr<c10d::Work> Channel::recv(const at::Tensor& tensor, int src, int tag) {
-  auto work = c10::make_intrusive<MailboxWork>(src < 0 ? c10d::OpType::RECVANYSOURCE : c10d::OpType::RECV, tensor);
+  auto work = c10::make_intrusive<MailboxWork>(src < 0 ? c10d::OpType::RECVANYSOURCE : c10d::OpType::RECV, tensor,
+                                               mailbox_.get());
   at::Tensor held = tensor;
   void* data = held.nbytes() > 0 ? held.data_ptr() : nullptr;
   mailbox_->recv(data, held.nbytes(), src < 0 ? Mailbox::kAnySource : src, tag,

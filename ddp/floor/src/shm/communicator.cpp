@@ -97,7 +97,7 @@ void Communicator::reduce_scatter(const void* in, std::size_t count, void* out, 
 }
 
 void Communicator::all_to_all(const void* in, const std::vector<Piece>& sends, void* out,
-                              const std::vector<Piece>& receives) {
+                              const std::vector<Piece>& receives, bool own_piece) {
   const auto n = static_cast<std::size_t>(size());
   if (sends.size() != n || receives.size() != n) {
     throw std::invalid_argument("shm::Communicator::all_to_all: " + std::to_string(sends.size()) + " pieces to send and " +
@@ -109,7 +109,7 @@ void Communicator::all_to_all(const void* in, const std::vector<Piece>& sends, v
       throw std::invalid_argument("shm::Communicator::all_to_all: rank 0 sends " + std::to_string(sends[0].bytes) +
                                   " bytes to itself, and expects " + std::to_string(receives[0].bytes));
     }
-    if (sends[0].bytes > 0) {
+    if (sends[0].bytes > 0 && own_piece) {
       std::memmove(static_cast<unsigned char*>(out) + receives[0].offset, static_cast<const unsigned char*>(in) + sends[0].offset,
                    sends[0].bytes);
     }
@@ -119,7 +119,8 @@ void Communicator::all_to_all(const void* in, const std::vector<Piece>& sends, v
     throw std::invalid_argument("shm::Communicator::all_to_all: chunk_bytes " + std::to_string(options().chunk_bytes) +
                                 " cannot hold the sizes and a slot for each of " + std::to_string(size() - 1) + " peers");
   }
-  peers_.run(Descriptor::of_bytes(Kind::kAllToAll, 0), [&] { algorithm::all_to_all(peers_, in, sends, out, receives); });
+  peers_.run(Descriptor::of_bytes(Kind::kAllToAll, 0),
+             [&] { algorithm::all_to_all(peers_, in, sends, out, receives, own_piece); });
 }
 
 void Communicator::barrier() {

@@ -78,8 +78,11 @@ class Communicator {
   // differ in size from rank to rank - uneven splits - but each must be the size its receiver
   // expects: the ranks compare them, and throw PeerError naming the first that differs). `in` and
   // `out` must not overlap. Throws std::invalid_argument (before communicating) for lists that are
-  // not one per rank.
-  void all_to_all(const void* in, const std::vector<Piece>& sends, void* out, const std::vector<Piece>& receives);
+  // not one per rank. Without `own_piece`, this rank's piece for itself is left to the caller (who
+  // copies it on another thread meanwhile: one copy fewer on this one); its sizes are checked all
+  // the same.
+  void all_to_all(const void* in, const std::vector<Piece>& sends, void* out, const std::vector<Piece>& receives,
+                  bool own_piece = true);
   // Returns once every rank has called barrier().
   void barrier();
 

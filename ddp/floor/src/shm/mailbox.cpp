@@ -22,7 +22,7 @@ using MailClock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
 constexpr std::uint64_t kMailboxMagic = 0x746f7263686d6278ull;  // "torchmbx"
-constexpr std::uint32_t kMailboxVersion = 1;
+constexpr std::uint32_t kMailboxVersion = 2;  // 2: the pid namespace
 constexpr std::size_t kMailboxHeaderBytes = 4096;
 constexpr std::size_t kRingControlBytes = 128;
 constexpr std::size_t kSlotHeaderBytes = 64;
@@ -50,6 +50,7 @@ struct Mailbox::Header {
   std::uint64_t start_time;
   std::uint64_t slot_bytes;
   std::uint32_t slots;
+  char pid_space[160];  // process.h's pid_space(): a peer's pid means something here only if it is ours
   alignas(64) std::atomic<std::uint32_t> closed;  // the owner destroyed its mailbox
   alignas(64) Progress doorbell;                  // bumped by whoever has news for the owner
 };
@@ -146,14 +147,23 @@ Mailbox::Mailbox(Rendezvous& rendezvous, const std::string& name_prefix, int ran
   set_up(rendezvous);
 }
 
-// Create, publish, map, agree, unlink: every group's set-up (peers.h: set_up_segments).
+// Create, publish, map, agree, unlink: the Communicator's steps (communicator.h).
 void Mailbox::set_up(Rendezvous& rendezvous) {
-  SegmentsSetUp set_up;
-  set_up.key_prefix = "torchddp/mailbox" + prefix_ + "/";
-  set_up.name_prefix = prefix_;
-  set_up.bytes = kMailboxHeaderBytes + static_cast<std::size_t>(size_ - 1) * ring_bytes_;
-  set_up.fill = [this](void* memory) {
-    auto* header = new (memory) Header{};
+  const std::size_t segment_bytes = kMailboxHeaderBytes + static_cast<std::size_t>(size_ - 1) * ring_bytes_;
+  const auto name_of = [&](int r) { return prefix_ + "-" + std::to_string(r); };
+  const std::string key = "torchddp/mailbox" + prefix_ + "/", me = std::to_string(rank_);
+  const auto set = [&](const std::string& what, const std::string& value) { rendezvous.set(key + what + "/" + me, value); };
+  const auto get = [&](const std::string& what, int peer) {
+    try {
+      return rendezvous.get(key + what + "/" + std::to_string(peer));
+    } catch (const std::exception& e) {
+      throw ShmUnavailable("rank " + me + ": waiting for rank " + std::to_string(peer) + " (" + what + "): " + e.what());
+    }
+  };
+  // 1. My segment and its header; the peers learn that it exists, or why not.
+  try {
+    peers_[rank_].segment = Segment::create(name_of(rank_), segment_bytes);
+    auto* header = new (peers_[rank_].segment.data()) Header{};
     header->magic = kMailboxMagic;
     header->version = kMailboxVersion;
     header->rank = rank_;
@@ -162,22 +172,53 @@ void Mailbox::set_up(Rendezvous& rendezvous) {
     header->start_time = read_process(pid_).start_time;
     header->slot_bytes = options_.slot_bytes;
     header->slots = static_cast<std::uint32_t>(options_.slots);
-  };
-  set_up.matches = [this](const void* memory, int peer) {
-    const auto* header = static_cast<const Header*>(memory);
-    return header->magic == kMailboxMagic && header->version == kMailboxVersion && header->rank == peer &&
-           header->size == size_ && header->slot_bytes == options_.slot_bytes &&
-           header->slots == static_cast<std::uint32_t>(options_.slots);
-  };
-  set_up.mismatch = "mailbox of this group";
-  set_up.create_failed = "create its mailbox";
-  set_up.map_failed = "map the mailboxes";
-  std::vector<Segment> segments = set_up_segments(rendezvous, rank_, size_, set_up);
+    pid_space().copy(header->pid_space, sizeof header->pid_space - 1);
+  } catch (const std::exception& e) {
+    set("created", std::string("error: ") + e.what());
+    throw ShmUnavailable("rank " + me + ": " + e.what());
+  }
+  set("created", "ok");
+  // 2. Map every peer's (once all exist, so every rank names the same failed peer), and check it.
+  std::vector<int> created;
+  std::string failure;
+  try {
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      const std::string status = get("created", p);
+      if (status != "ok") throw ShmUnavailable("rank " + std::to_string(p) + " could not create its mailbox: " + status);
+      created.push_back(p);
+    }
+    for (int p : created) {
+      peers_[p].segment = Segment::open(name_of(p), segment_bytes);
+      const auto* header = static_cast<const Header*>(peers_[p].segment.data());
+      if (header->magic != kMailboxMagic || header->version != kMailboxVersion || header->rank != p ||
+          header->size != size_ || header->slot_bytes != options_.slot_bytes ||
+          header->slots != static_cast<std::uint32_t>(options_.slots)) {
+        throw ShmUnavailable("shared memory object " + name_of(p) + " is not rank " + std::to_string(p) +
+                             "'s mailbox of this group");
+      }
+    }
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  // 3. Agree that everyone mapped everything; then nobody needs a name any more.
+  try {
+    set("mapped", failure.empty() ? std::string("ok") : "error: " + failure);
+    if (!failure.empty()) throw ShmUnavailable("rank " + me + ": " + failure);
+    for (int p = 0; p < size_; ++p) {
+      if (p != rank_ && get("mapped", p) != "ok") throw ShmUnavailable("rank " + std::to_string(p) + " could not map the mailboxes");
+    }
+  } catch (...) {
+    for (int p : created) ::shm_unlink(name_of(p).c_str());
+    throw;
+  }
+  peers_[rank_].segment.unlink();
   for (int p = 0; p < size_; ++p) {
-    peers_[p].segment = std::move(segments[p]);
     peers_[p].header = static_cast<Header*>(peers_[p].segment.data());
-    const ProcessInfo info = read_process(peers_[p].header->pid);
-    peers_[p].check_pid = p != rank_ && info.exists && !exited(info, peers_[p].header->start_time);
+    // Its pid is watched when it is a pid of this pid namespace - even if the peer already exited.
+    const Header& header = *peers_[p].header;
+    const std::string space(header.pid_space, strnlen(header.pid_space, sizeof header.pid_space));
+    peers_[p].check_pid = p != rank_ && !space.empty() && space == pid_space();
   }
 }
 
@@ -385,19 +426,22 @@ void Mailbox::run() {
     // The count before looking: news that comes while we look bumps it, and the wait returns.
     const std::uint32_t seen = doorbell.count.load(std::memory_order_acquire);
     std::vector<Completion> completed;
-    const bool sent = move_sends(completed);
-    const bool took = take_arrivals(completed);
-    const bool moved = sent || took;
-    const auto now = MailClock::now();
-    const bool look_at_pids = now >= next_pid_check;
-    if (look_at_pids) next_pid_check = now + kMailboxPidCheckEvery;
-    if (!moved || look_at_pids) check_peers(completed, look_at_pids);
-    bool stopping;
+    bool moved = false, stopping = false;
     {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stopping = stopping_;
+      std::lock_guard<std::mutex> moving(progress_mutex_);
+      const bool sent = move_sends(completed);
+      const bool took = take_arrivals(completed);
+      moved = sent || took;
+      const auto now = MailClock::now();
+      const bool look_at_pids = now >= next_pid_check;
+      if (look_at_pids) next_pid_check = now + kMailboxPidCheckEvery;
+      if (!moved || look_at_pids) check_peers(completed, look_at_pids);
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stopping = stopping_;
+      }
+      if (stopping) fail_everything(name(rank_) + "'s group was destroyed while this operation waited", completed);
     }
-    if (stopping) fail_everything(name(rank_) + "'s group was destroyed while this operation waited", completed);
     // The callbacks run with no lock held: they may add operations.
     for (Completion& done : completed) {
       Operation& operation = *done.first;
@@ -406,6 +450,23 @@ void Mailbox::run() {
     if (stopping) return;
     if (!moved) wait_for(doorbell, seen + 1, spin_, kMailboxSleepSlice);
   }
+}
+
+bool Mailbox::progress() {
+  std::vector<Completion> completed;
+  bool moved = false;
+  {
+    std::unique_lock<std::mutex> moving(progress_mutex_, std::try_to_lock);
+    if (!moving.owns_lock()) return false;  // the mailbox's thread (or another waiter) is at it
+    const bool sent = move_sends(completed);
+    const bool took = take_arrivals(completed);
+    moved = sent || took;
+  }
+  for (Completion& done : completed) {
+    Operation& operation = *done.first;
+    operation.done(operation.is_send ? rank_ : operation.source, done.second);
+  }
+  return moved;
 }
 
 bool Mailbox::move_sends(std::vector<Completion>& completed) {

@@ -45,9 +45,10 @@
 // sender died, or timed out) leaves the pair unusable: later operations with that peer fail
 // with the same error.
 //
-// Thread-safety: send() and recv() may be called from any thread. Their `done` callbacks run on
-// the mailbox's thread (or on the caller's, for a send written there or a receive whose message
-// was already there), and must not block on other messages of this mailbox. A child forked after setup
+// Thread-safety: send(), recv() and progress() may be called from any thread. Their `done`
+// callbacks run on the mailbox's thread (or on a caller's: a send written there, a receive whose
+// message was already there, what a progress() call finished), and must not block on other
+// messages of this mailbox. A child forked after setup
 // must not use the mailbox (destroying it there is harmless).
 #include <chrono>
 #include <cstddef>
@@ -111,6 +112,12 @@ class Mailbox {
   void send(const void* data, std::size_t bytes, int dst, int tag, Lane lane = Lane::kUser);
   int recv(void* data, std::size_t bytes, int src, int tag, Lane lane = Lane::kUser);
 
+  // One pass of the mailbox's thread's work (sends out, arrivals in) on the caller's thread, unless
+  // another thread is at it; callbacks of what finished run here. A caller about to sleep until
+  // its message is in calls this meanwhile: the message lands without waking another thread.
+  // Returns whether anything moved.
+  bool progress();
+
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return size_; }
   const MailboxOptions& options() const noexcept { return options_; }
@@ -173,7 +180,9 @@ class Mailbox {
   std::vector<std::string> broken_;                            // by peer: why the pair is unusable, or ""
   std::vector<char> writing_;  // by destination: a thread writes into its ring (the mailbox's, or a caller's)
   bool stopping_ = false;
-  // The thread's own: the message being taken from each source.
+  // Held by whoever moves messages (the mailbox's thread, or a caller in progress()); guards
+  // incoming_, the message being taken from each source.
+  std::mutex progress_mutex_;
   std::vector<std::unique_ptr<Incoming>> incoming_;
   std::unique_ptr<std::thread> thread_;
 };
