@@ -147,23 +147,14 @@ Mailbox::Mailbox(Rendezvous& rendezvous, const std::string& name_prefix, int ran
   set_up(rendezvous);
 }
 
-// Create, publish, map, agree, unlink: the Communicator's steps (communicator.h).
+// Create, publish, map, agree, unlink: every group's set-up (peers.h: set_up_segments).
 void Mailbox::set_up(Rendezvous& rendezvous) {
-  const std::size_t segment_bytes = kMailboxHeaderBytes + static_cast<std::size_t>(size_ - 1) * ring_bytes_;
-  const auto name_of = [&](int r) { return prefix_ + "-" + std::to_string(r); };
-  const std::string key = "torchddp/mailbox" + prefix_ + "/", me = std::to_string(rank_);
-  const auto set = [&](const std::string& what, const std::string& value) { rendezvous.set(key + what + "/" + me, value); };
-  const auto get = [&](const std::string& what, int peer) {
-    try {
-      return rendezvous.get(key + what + "/" + std::to_string(peer));
-    } catch (const std::exception& e) {
-      throw ShmUnavailable("rank " + me + ": waiting for rank " + std::to_string(peer) + " (" + what + "): " + e.what());
-    }
-  };
-  // 1. My segment and its header; the peers learn that it exists, or why not.
-  try {
-    peers_[rank_].segment = Segment::create(name_of(rank_), segment_bytes);
-    auto* header = new (peers_[rank_].segment.data()) Header{};
+  SegmentsSetUp set_up;
+  set_up.key_prefix = "torchddp/mailbox" + prefix_ + "/";
+  set_up.name_prefix = prefix_;
+  set_up.bytes = kMailboxHeaderBytes + static_cast<std::size_t>(size_ - 1) * ring_bytes_;
+  set_up.fill = [this](void* memory) {
+    auto* header = new (memory) Header{};
     header->magic = kMailboxMagic;
     header->version = kMailboxVersion;
     header->rank = rank_;
@@ -173,47 +164,19 @@ void Mailbox::set_up(Rendezvous& rendezvous) {
     header->slot_bytes = options_.slot_bytes;
     header->slots = static_cast<std::uint32_t>(options_.slots);
     pid_space().copy(header->pid_space, sizeof header->pid_space - 1);
-  } catch (const std::exception& e) {
-    set("created", std::string("error: ") + e.what());
-    throw ShmUnavailable("rank " + me + ": " + e.what());
-  }
-  set("created", "ok");
-  // 2. Map every peer's (once all exist, so every rank names the same failed peer), and check it.
-  std::vector<int> created;
-  std::string failure;
-  try {
-    for (int p = 0; p < size_; ++p) {
-      if (p == rank_) continue;
-      const std::string status = get("created", p);
-      if (status != "ok") throw ShmUnavailable("rank " + std::to_string(p) + " could not create its mailbox: " + status);
-      created.push_back(p);
-    }
-    for (int p : created) {
-      peers_[p].segment = Segment::open(name_of(p), segment_bytes);
-      const auto* header = static_cast<const Header*>(peers_[p].segment.data());
-      if (header->magic != kMailboxMagic || header->version != kMailboxVersion || header->rank != p ||
-          header->size != size_ || header->slot_bytes != options_.slot_bytes ||
-          header->slots != static_cast<std::uint32_t>(options_.slots)) {
-        throw ShmUnavailable("shared memory object " + name_of(p) + " is not rank " + std::to_string(p) +
-                             "'s mailbox of this group");
-      }
-    }
-  } catch (const std::exception& e) {
-    failure = e.what();
-  }
-  // 3. Agree that everyone mapped everything; then nobody needs a name any more.
-  try {
-    set("mapped", failure.empty() ? std::string("ok") : "error: " + failure);
-    if (!failure.empty()) throw ShmUnavailable("rank " + me + ": " + failure);
-    for (int p = 0; p < size_; ++p) {
-      if (p != rank_ && get("mapped", p) != "ok") throw ShmUnavailable("rank " + std::to_string(p) + " could not map the mailboxes");
-    }
-  } catch (...) {
-    for (int p : created) ::shm_unlink(name_of(p).c_str());
-    throw;
-  }
-  peers_[rank_].segment.unlink();
+  };
+  set_up.matches = [this](const void* memory, int peer) {
+    const auto* header = static_cast<const Header*>(memory);
+    return header->magic == kMailboxMagic && header->version == kMailboxVersion && header->rank == peer &&
+           header->size == size_ && header->slot_bytes == options_.slot_bytes &&
+           header->slots == static_cast<std::uint32_t>(options_.slots);
+  };
+  set_up.mismatch = "mailbox of this group";
+  set_up.create_failed = "create its mailbox";
+  set_up.map_failed = "map the mailboxes";
+  std::vector<Segment> segments = set_up_segments(rendezvous, rank_, size_, set_up);
   for (int p = 0; p < size_; ++p) {
+    peers_[p].segment = std::move(segments[p]);
     peers_[p].header = static_cast<Header*>(peers_[p].segment.data());
     // Its pid is watched when it is a pid of this pid namespace - even if the peer already exited.
     const Header& header = *peers_[p].header;
