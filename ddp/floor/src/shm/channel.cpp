@@ -166,6 +166,32 @@ bool piece_or_apart(const at::Tensor& piece, const at::Tensor& whole, int rank) 
   return p == w + rank * bytes || p + bytes <= w || w + whole.nbytes() <= p;
 }
 
+// The group's mailbox (point to point; collective, after the Communicator), or null on every rank
+// alike when a rank could not set it up (said once per process on stderr): then point to point
+// uses Gloo, and the collectives shared memory all the same.
+std::unique_ptr<Mailbox> open_mailbox(Rendezvous& keys, const std::string& prefix, int rank, int size,
+                                      std::chrono::milliseconds timeout) {
+  std::unique_ptr<Mailbox> mailbox;
+  std::string failure;
+  try {
+    mailbox = std::make_unique<Mailbox>(keys, prefix + "-m", rank, size, MailboxOptions::for_group(size, timeout));
+  } catch (const std::exception& error) {
+    failure = error_text(error);
+  }
+  keys.set("mailbox/" + std::to_string(rank), failure.empty() ? "ok" : failure);
+  for (int r = 0; r < size; ++r) {
+    const std::string theirs = keys.get("mailbox/" + std::to_string(r));
+    if (theirs == "ok") continue;
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true)) {
+      std::fprintf(stderr, "[torchddp] point to point does not use shared memory in this group (rank %d: %s); it uses "
+                   "Gloo over TCP\n", r, theirs.c_str());
+    }
+    return nullptr;
+  }
+  return mailbox;
+}
+
 }  // namespace
 
 // A c10d Work finished by the channel's thread: its future holds the collective's tensors (as
@@ -232,7 +258,6 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& st
 
   // 3. Set up, then agree: a rank may fail after a peer succeeded, and all must use one transport.
   std::unique_ptr<Communicator> communicator;
-  std::unique_ptr<Mailbox> mailbox;      // one host: point to point
   std::shared_ptr<SharedArray> scratch;  // several hosts: the hierarchical allreduce's window
   std::string failure;
   try {
@@ -245,7 +270,6 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& st
       scratch = communicator->share(Hierarchical::kScratchBytes);
     } else {
       communicator = std::make_unique<Communicator>(keys, prefix, rank, size, options);
-      mailbox = std::make_unique<Mailbox>(keys, prefix + "-m", rank, size, MailboxOptions::for_group(size, timeout));
     }
   } catch (const std::exception& error) {
     failure = error_text(error);
@@ -262,7 +286,7 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& st
   }
   if (layout.hosts() == 1) {
     std::unique_ptr<Channel> channel(new Channel(std::move(communicator), nullptr));
-    channel->mailbox_ = std::move(mailbox);
+    channel->mailbox_ = open_mailbox(keys, prefix, rank, size, timeout);
     return channel;
   }
 

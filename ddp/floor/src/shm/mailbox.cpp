@@ -103,7 +103,7 @@ struct Mailbox::Incoming {
 MailboxOptions MailboxOptions::for_group(int size, std::chrono::milliseconds timeout) {
   MailboxOptions options;
   options.timeout = timeout;
-  const std::size_t per_slot = (std::size_t{512} << 10) / static_cast<std::size_t>(std::max(1, size - 1));
+  const std::size_t per_slot = (std::size_t{256} << 10) / static_cast<std::size_t>(std::max(1, size - 1));
   options.slot_bytes = std::clamp<std::size_t>(per_slot, std::size_t{16} << 10, std::size_t{256} << 10);
   options.slots = 4;
   return options;

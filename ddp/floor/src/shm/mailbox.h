@@ -77,8 +77,8 @@ struct MailboxOptions {
   // 2 us when the process may use fewer CPUs than there are ranks.
   std::chrono::microseconds spin{-1};
 
-  // A group of `size` ranks: 4 slots per ring, about 2 MiB of rings per rank in all (256 KiB slots
-  // at two ranks, down to 16 KiB ones at 33 ranks and more).
+  // A group of `size` ranks: 4 slots per ring, about 1 MiB of rings per rank in all (256 KiB slots
+  // at two ranks, down to 16 KiB ones at 17 ranks and more).
   static MailboxOptions for_group(int size, std::chrono::milliseconds timeout);
 };
 
