@@ -41,13 +41,7 @@ int mailbox_cpus() {
 
 // The first page of a rank's segment: written before the rendezvous publishes it, except `closed`
 // (the owner, at the end) and the doorbell (everyone).
-struct Mailbox::Header {
-  std::uint64_t magic;
-  std::uint32_t version;
-  std::int32_t rank;
-  std::int32_t size;
-  std::int32_t pid;
-  std::uint64_t start_time;
+struct Mailbox::Header : SegmentIdentity {
   std::uint64_t slot_bytes;
   std::uint32_t slots;
   char pid_space[160];  // process.h's pid_space(): a peer's pid means something here only if it is ours
@@ -153,23 +147,19 @@ void Mailbox::set_up(Rendezvous& rendezvous) {
   set_up.key_prefix = "torchddp/mailbox" + prefix_ + "/";
   set_up.name_prefix = prefix_;
   set_up.bytes = kMailboxHeaderBytes + static_cast<std::size_t>(size_ - 1) * ring_bytes_;
-  set_up.fill = [this](void* memory) {
+  set_up.magic = kMailboxMagic;
+  set_up.version = kMailboxVersion;
+  set_up.fill = [this](void* memory) -> SegmentIdentity& {
     auto* header = new (memory) Header{};
-    header->magic = kMailboxMagic;
-    header->version = kMailboxVersion;
-    header->rank = rank_;
-    header->size = size_;
-    header->pid = pid_;
-    header->start_time = read_process(pid_).start_time;
     header->slot_bytes = options_.slot_bytes;
     header->slots = static_cast<std::uint32_t>(options_.slots);
     pid_space().copy(header->pid_space, sizeof header->pid_space - 1);
+    return *header;
   };
-  set_up.matches = [this](const void* memory, int peer) {
+  set_up.identity = [](const void* memory) -> const SegmentIdentity& { return *static_cast<const Header*>(memory); };
+  set_up.matches = [this](const void* memory, int) {
     const auto* header = static_cast<const Header*>(memory);
-    return header->magic == kMailboxMagic && header->version == kMailboxVersion && header->rank == peer &&
-           header->size == size_ && header->slot_bytes == options_.slot_bytes &&
-           header->slots == static_cast<std::uint32_t>(options_.slots);
+    return header->slot_bytes == options_.slot_bytes && header->slots == static_cast<std::uint32_t>(options_.slots);
   };
   set_up.mismatch = "mailbox of this group";
   set_up.create_failed = "create its mailbox";

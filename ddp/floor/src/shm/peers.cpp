@@ -59,13 +59,7 @@ Options checked_options(Options options, int rank, int size) {
 // count themselves in and out there). Setup fields are written before the rendezvous that
 // publishes the segment; the descriptors before the post that makes them visible; the message
 // before the `failed` flag (release) that makes it visible.
-struct Peers::ControlBlock {
-  std::uint64_t magic;
-  std::uint32_t version;
-  std::int32_t rank;
-  std::int32_t size;
-  std::int32_t pid;
-  std::uint64_t start_time;
+struct Peers::ControlBlock : SegmentIdentity {
   std::uint64_t chunk_bytes;
   std::uint64_t one_step_bytes;
 
@@ -143,8 +137,19 @@ std::vector<Segment> set_up_segments(Rendezvous& rendezvous, int rank, int size,
   //    every peer's exists.
   const std::string creating = verdict_of([&] {
     segments[rank] = Segment::create(name_of(rank), set_up.bytes);
-    set_up.fill(segments[rank].data());
+    SegmentIdentity& mine = set_up.fill(segments[rank].data());
+    mine.magic = set_up.magic;
+    mine.version = set_up.version;
+    mine.rank = rank;
+    mine.size = size;
+    mine.pid = static_cast<std::int32_t>(::getpid());
+    mine.start_time = read_process(mine.pid).start_time;
   });
+  const auto is_peers = [&](const void* memory, int p) {
+    const SegmentIdentity& theirs = set_up.identity(memory);
+    return theirs.magic == set_up.magic && theirs.version == set_up.version && theirs.rank == p && theirs.size == size &&
+           set_up.matches(memory, p);
+  };
   try {
     agree(rank, size, creating, [&](const std::string& mine) { verdicts.tell("created", mine); }, hear_created,
           blame(set_up.create_failed));
@@ -152,7 +157,7 @@ std::vector<Segment> set_up_segments(Rendezvous& rendezvous, int rank, int size,
     const std::string mapping = verdict_of([&] {
       for (int p : created) {
         segments[p] = Segment::open(name_of(p), set_up.bytes);
-        if (!set_up.matches(segments[p].data(), p)) {
+        if (!is_peers(segments[p].data(), p)) {
           throw ShmUnavailable("shared memory object " + name_of(p) + " is not rank " + std::to_string(p) + "'s " + set_up.mismatch);
         }
       }
@@ -181,8 +186,14 @@ Peers::Peers(Rendezvous& rendezvous, const std::string& name_prefix, int rank, i
   set_up.key_prefix = "torchddp/shm" + name_prefix + "/";
   set_up.name_prefix = name_prefix;
   set_up.bytes = kControlBytes + 2 * options_.chunk_bytes;
-  set_up.fill = [this](void* memory) { fill_control_block(memory); };
-  set_up.matches = [this](const void* memory, int peer) { return is_control_block(memory, peer); };
+  set_up.magic = kMagic;
+  set_up.version = kVersion;
+  set_up.fill = [this](void* memory) -> SegmentIdentity& { return fill_control_block(memory); };
+  set_up.identity = [](const void* memory) -> const SegmentIdentity& { return *static_cast<const ControlBlock*>(memory); };
+  set_up.matches = [this](const void* memory, int) {
+    const auto* control = static_cast<const ControlBlock*>(memory);
+    return control->chunk_bytes == options_.chunk_bytes && control->one_step_bytes == options_.one_step_bytes;
+  };
   set_up.mismatch = "segment of this group (another version of the library, other options, or another group's name)";
   set_up.create_failed = "create its segment";
   set_up.map_failed = "map the group's segments";
@@ -192,22 +203,11 @@ Peers::Peers(Rendezvous& rendezvous, const std::string& name_prefix, int rank, i
   watch_peers();
 }
 
-void Peers::fill_control_block(void* memory) const {
+SegmentIdentity& Peers::fill_control_block(void* memory) const {
   auto* control = new (memory) ControlBlock{};
-  control->magic = kMagic;
-  control->version = kVersion;
-  control->rank = rank_;
-  control->size = size_;
-  control->pid = static_cast<std::int32_t>(::getpid());
-  control->start_time = read_process(control->pid).start_time;
   control->chunk_bytes = options_.chunk_bytes;
   control->one_step_bytes = options_.one_step_bytes;
-}
-
-bool Peers::is_control_block(const void* memory, int peer) const {
-  const auto* control = static_cast<const ControlBlock*>(memory);
-  return control->magic == kMagic && control->version == kVersion && control->rank == peer && control->size == size_ &&
-         control->chunk_bytes == options_.chunk_bytes && control->one_step_bytes == options_.one_step_bytes;
+  return *control;
 }
 
 // Every segment mapped: where each peer's control block and buffers are, and whether its pid can

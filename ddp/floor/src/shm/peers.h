@@ -110,14 +110,32 @@ std::string verdict_of(StepOfSetUp&& step) {
   }
 }
 
+// The first bytes of every segment set_up_segments() makes: what it is and whose. Each kind of
+// segment's header derives from it (the Communicator's control block, the Mailbox's header);
+// set_up_segments writes this rank's and checks every peer's.
+struct SegmentIdentity {
+  std::uint64_t magic;      // the kind of segment
+  std::uint32_t version;    // of its layout: ranks of different versions refuse each other
+  std::int32_t rank;
+  std::int32_t size;
+  std::int32_t pid;
+  std::uint64_t start_time;  // of the process `pid` (process.h): a later process with that pid is another
+};
+
 // A group's segments, one per rank, "<name_prefix>-<rank>", as set_up_segments() makes them.
 struct SegmentsSetUp {
   std::string key_prefix;   // the rendezvous keys: "<key_prefix><step>/<rank>"
   std::string name_prefix;
   std::size_t bytes = 0;
-  std::function<void(void* memory)> fill;  // writes this rank's header into its new segment
-  // Whether `memory` is what `peer`'s fill wrote for this group; where not, it "is not rank p's
-  // <mismatch>".
+  std::uint64_t magic = 0;
+  std::uint32_t version = 0;
+  // Constructs this rank's header in its new segment and fills in what is not its identity;
+  // returns its identity, which set_up_segments fills in.
+  std::function<SegmentIdentity&(void* memory)> fill;
+  // The identity of the header at `memory` (a peer's segment).
+  std::function<const SegmentIdentity&(const void* memory)> identity;
+  // Whether the rest of the header at `memory` is what `peer`'s fill wrote for this group; where it
+  // or its identity is not, the segment "is not rank p's <mismatch>".
   std::function<bool(const void* memory, int peer)> matches;
   std::string mismatch;
   std::string create_failed;  // "rank p could not <create_failed>: ..."
@@ -202,8 +220,7 @@ class Peers {
     bool check_pid = false;  // its pid is visible here (same pid namespace)
   };
 
-  void fill_control_block(void* memory) const;
-  bool is_control_block(const void* memory, int peer) const;
+  SegmentIdentity& fill_control_block(void* memory) const;
   void watch_peers();
   void begin(const Descriptor& descriptor);
   int acquire_buffer(const Step& step, bool will_write);
