@@ -10,9 +10,9 @@
 // used alternately so one chunk can be written while peers still read the other. It says so
 // through the caller's Rendezvous, maps every peer's segment, waits until every rank has mapped
 // every segment, and unlinks its own name. After construction /dev/shm holds nothing of the
-// group: a SIGKILL at any moment later leaves nothing behind. Each step of setting up - the
-// group's here, a shared array's in shared_array.cpp - ends in agree(): every rank learns whether
-// it went well everywhere.
+// group: a SIGKILL at any moment later leaves nothing behind. set_up_segments() does this for
+// every kind of segment (the Mailbox's too), and each step of setting up - there, and a shared
+// array's in shared_array.cpp - ends in agree(): every rank learns whether it went well everywhere.
 //
 // A collective is a fixed sequence of steps that every rank runs in the same order. Finishing a
 // step increments the rank's progress counter ("posts"), so the n-th post means the same thing on
