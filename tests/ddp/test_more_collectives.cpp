@@ -4,6 +4,7 @@
 // known input.
 #include <chrono>
 #include <csignal>
+#include <fstream>
 #include <set>
 #include <thread>
 
@@ -376,16 +377,18 @@ TEST(MoreCollectives, PointToPointThroughSharedMemory) {
   for (int world : {2, 3, 4}) EXPECT_WORKERS_OK(run_workers("point_to_point_shm", world));
 }
 
-// Rank 1 is killed in the middle of a 64 MB send to rank 0 (whose receive comes later: the ring
-// fills and the send stops there); rank 0's recv names rank 1; at three ranks, rank 0 and rank 2
-// exchange on.
+// Rank 1 is killed in the middle of a 64 MB send to rank 0 (whose receive comes only once rank 1
+// said it is sending: the ring fills and the send stops there); rank 0's recv names rank 1; at
+// three ranks, rank 0 and rank 2 exchange on.
 DDP_WORKER(point_to_point_killed) {
   worker_init(std::chrono::seconds(30));
   const int rank = ddp::get_rank(), world = ddp::get_world_size();
   constexpr int64_t kHuge = 16 << 20;  // floats: 64 MB
+  const std::string sending = shared_dir() + "/rank1_sending";
   if (rank == 1) {
     auto work = ddp::isend(torch::ones({kHuge}), 0);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the ring is full by now
+    std::ofstream(sending) << "1";
     std::raise(SIGKILL);
   }
   if (rank == 2) {
@@ -394,7 +397,8 @@ DDP_WORKER(point_to_point_killed) {
     require(torch::equal(got, message_of(0, 2, 1, 5)), "rank 0's message after the kill");
     return;
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  while (!std::ifstream(sending).good()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the kill lands
   auto got = torch::empty({kHuge});
   try {
     ddp::recv(got, 1);
