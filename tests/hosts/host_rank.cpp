@@ -101,7 +101,7 @@ std::string same_sum_as(const ddp::ProcessGroupPtr& world, const ddp::ProcessGro
 
 // A two-layer MLP on a fixed batch of 4 rows per rank. Two DDP buckets: the first one is capped at
 // 1 MiB; the other holds the 4.7 MiB weight, whose halves (one per local rank) cross the hosts in
-// three pieces each (1 MiB pieces, two in flight: Communicator::allreduce_shared).
+// three pieces each (1 MiB pieces, two in flight: Hierarchical::allreduce_shared).
 constexpr int64_t kInputs = 300, kHidden = 4096;
 torch::nn::Sequential make_model() {
   torch::manual_seed(0);
