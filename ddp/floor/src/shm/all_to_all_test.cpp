@@ -1,5 +1,5 @@
 // The shared-memory all-to-all (all_to_all.cpp) at W = 2, 3, 4: equal and uneven pieces, sizes
-// around the staging slots (64 KiB chunks here), every byte compared with the piece its sender
+// around the staging slots (64 KiB chunks here) and past 1 MiB at odd offsets, every byte compared with the piece its sender
 // wrote (a function of sender, receiver and position, computed here); pieces of sizes the
 // receivers do not expect, and a rank in another collective, named on every rank.
 #include "shm/test_support.h"
@@ -50,6 +50,8 @@ TEST(AllToAll, EqualAndUnevenPiecesLandWhereTheyBelong) {
       [](int, int) { return std::size_t{65473}; },
       [](int from, int to) { return static_cast<std::size_t>(((from + 2 * to) % 5) * 30011 + (from == to ? 5 : 0)); },
       [](int from, int to) { return static_cast<std::size_t>(from == 0 ? 200000 + to : to); },
+      // Pieces past 1 MiB (streamed into the output) at odd offsets.
+      [](int from, int to) { return static_cast<std::size_t>((from + to) % 2 == 1 ? 1500001 + from : 3 + to); },
   };
   for (int world : {2, 3, 4}) {
     Scratch scratch;
