@@ -116,30 +116,30 @@ echo "2 + 1 ranks: gloo, one notice ($(grep "$notice" <<<"$out")), all_reduce an
 
 # 4. /dev/shm too small on one host for what would grow there. Per rank, the job keeps: the world's
 #    3 MiB (the Communicator's buffers, 1 MiB, and the first scratch array, 2 MiB), the host group's
-#    1 MiB, and DDP's own group's 3 MiB: 14 MiB on the host. Of 16 MiB, that leaves no room for
-#    the world's scratch array to grow to 8 MiB per rank (the 8 MiB all_reduce: it stays at two
-#    windows of 1 MiB on both hosts, which must agree or the job aborts), nor for DDP's buckets
-#    (4.8 MiB per rank of host_rank's model).
-on_host 2 mount -o remount,size=16m /dev/shm || fail "could not shrink host 2's /dev/shm"
+#    2 MiB (its buffers and its mailbox for point to point), and DDP's own group's 3 MiB: 16 MiB on
+#    the host. Of 20 MiB, that leaves no room for the world's scratch array to grow to 8 MiB per
+#    rank (the 8 MiB all_reduce: it stays at two windows of 1 MiB on both hosts, which must agree
+#    or the job aborts), nor for DDP's buckets (4.8 MiB per rank of host_rank's model).
+on_host 2 mount -o remount,size=20m /dev/shm || fail "could not shrink host 2's /dev/shm"
 port=$((port + 4))
 start_job "2 2" "$port" "$program"
 await_job 120
 out=$JOB_OUT
 on_host 2 mount -o remount,size=256m /dev/shm
-[[ ${JOB_CODES[*]} == "0 0 0 0" ]] || fail "/dev/shm of 16 MiB on host 2: exit codes ${JOB_CODES[*]} (0 0 0 0 expected)"
+[[ ${JOB_CODES[*]} == "0 0 0 0" ]] || fail "/dev/shm of 20 MiB on host 2: exit codes ${JOB_CODES[*]} (0 0 0 0 expected)"
 for rank in 0 1 2 3; do
   log=$(rank_log "$rank")
   grep -q "^rank=$rank .*world_transport=gloo+shm hierarchical (2 hosts x 2)$" <<<"$log" ||
-    fail "/dev/shm of 16 MiB on host 2: rank $rank's world is not hierarchical"
-  grep -q "^rank=$rank world_sum=10 world_max=3$" <<<"$log" || fail "/dev/shm of 16 MiB on host 2: rank $rank's all_reduce is wrong"
+    fail "/dev/shm of 20 MiB on host 2: rank $rank's world is not hierarchical"
+  grep -q "^rank=$rank world_sum=10 world_max=3$" <<<"$log" || fail "/dev/shm of 20 MiB on host 2: rank $rank's all_reduce is wrong"
   grep -q "^rank=$rank flat_transport=gloo flat_match=yes$" <<<"$log" ||
-    fail "/dev/shm of 16 MiB on host 2: rank $rank's 8 MiB all_reduce (in windows of 1 MiB) differs from Gloo alone's"
-  grep -q "^rank=$rank ddp_grads=match$" <<<"$log" || fail "/dev/shm of 16 MiB on host 2: rank $rank's DDP gradients differ"
+    fail "/dev/shm of 20 MiB on host 2: rank $rank's 8 MiB all_reduce (in windows of 1 MiB) differs from Gloo alone's"
+  grep -q "^rank=$rank ddp_grads=match$" <<<"$log" || fail "/dev/shm of 20 MiB on host 2: rank $rank's DDP gradients differ"
   grep -q "^rank=$rank ddp_buckets=private$" <<<"$log" ||
-    fail "/dev/shm of 16 MiB on host 2: rank $rank's DDP gradients lie in shared memory (the hosts did not agree)"
+    fail "/dev/shm of 20 MiB on host 2: rank $rank's DDP gradients lie in shared memory (the hosts did not agree)"
   [[ $(grep -c "DDP's gradient buckets stay in private memory" <<<"$log") == 1 ]] ||
-    fail "/dev/shm of 16 MiB on host 2: rank $rank does not say once why its buckets stay private"
+    fail "/dev/shm of 20 MiB on host 2: rank $rank does not say once why its buckets stay private"
 done
 grep -q "private memory (a rank on another host could not share memory)" <<<"$(rank_log 0)" ||
-  fail "/dev/shm of 16 MiB on host 2: rank 0 (host 1) does not say that another host could not share"
-echo "/dev/shm of 16 MiB on host 2: buckets private on both hosts ($(grep "private memory" <<<"$(rank_log 2)" | cut -c1-200)...), all_reduce and DDP gradients right"
+  fail "/dev/shm of 20 MiB on host 2: rank 0 (host 1) does not say that another host could not share"
+echo "/dev/shm of 20 MiB on host 2: buckets private on both hosts ($(grep "private memory" <<<"$(rank_log 2)" | cut -c1-200)...), all_reduce and DDP gradients right"

@@ -80,6 +80,7 @@ c10::intrusive_ptr<c10d::Work> Channel::shared_sum(std::shared_ptr<SharedArray>,
 #include "shm/hierarchical.h"
 #include "shm/host_layout.h"
 #include "shm/mailbox.h"
+#include "shm/peers.h"
 
 namespace ddp::detail::shm {
 namespace {
@@ -166,6 +167,34 @@ bool piece_or_apart(const at::Tensor& piece, const at::Tensor& whole, int rank) 
   return p == w + rank * bytes || p + bytes <= w || w + whole.nbytes() <= p;
 }
 
+// The first rank whose step of setting up failed, and why, the same on every rank; none when every
+// rank's went well. `failure` is this rank's ("" when it went well); the verdicts travel through
+// the store under "<step>/<rank>" (peers.h, agree: the one agreement of every set-up).
+struct Failure {
+  int rank;
+  std::string why;
+};
+std::optional<Failure> first_failure(Rendezvous& keys, const std::string& step, int rank, int size,
+                                     const std::string& failure) {
+  std::optional<Failure> first;
+  try {
+    agree(
+        rank, size, failure,
+        [&](const std::string& mine) { keys.set(step + "/" + std::to_string(rank), mine.empty() ? "ok" : mine); },
+        [&](int r) {
+          const std::string theirs = keys.get(step + "/" + std::to_string(r));
+          return theirs == "ok" ? std::string() : theirs;
+        },
+        [&](int r, const std::string& why) {
+          first = Failure{r, why};
+          return why;
+        });
+  } catch (const ShmUnavailable&) {
+    // `first` says who
+  }
+  return first;
+}
+
 // The group's mailbox (point to point; collective, after the Communicator), or null on every rank
 // alike when a rank could not set it up (said once per process on stderr): then point to point
 // uses Gloo, and the collectives shared memory all the same.
@@ -178,18 +207,51 @@ std::unique_ptr<Mailbox> open_mailbox(Rendezvous& keys, const std::string& prefi
   } catch (const std::exception& error) {
     failure = error_text(error);
   }
-  keys.set("mailbox/" + std::to_string(rank), failure.empty() ? "ok" : failure);
-  for (int r = 0; r < size; ++r) {
-    const std::string theirs = keys.get("mailbox/" + std::to_string(r));
-    if (theirs == "ok") continue;
-    static std::atomic<bool> said{false};
-    if (!said.exchange(true)) {
-      std::fprintf(stderr, "[torchddp] point to point does not use shared memory in this group (rank %d: %s); it uses "
-                   "Gloo over TCP\n", r, theirs.c_str());
-    }
-    return nullptr;
+  const std::optional<Failure> failed = first_failure(keys, "mailbox", rank, size, failure);
+  if (!failed) return mailbox;
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true)) {
+    std::fprintf(stderr, "[torchddp] point to point does not use shared memory in this group (rank %d: %s); it uses "
+                 "Gloo over TCP\n", failed->rank, failed->why.c_str());
   }
-  return mailbox;
+  return nullptr;
+}
+
+// 1. Where each rank runs, whether it wants shared memory, and whether across hosts: the same
+//    answer on every rank ("off", or "<hierarchical: 1|0> <host identity>"). The hosts' layout,
+//    or none when shared memory does not serve the group.
+std::optional<HostLayout> agree_on_layout(Rendezvous& keys, int rank, int size, bool wanted, bool hierarchical) {
+  const std::string where = wanted ? host_identity() : "";
+  keys.set("where/" + std::to_string(rank), where.empty() ? "off" : (hierarchical ? "1 " : "0 ") + where);
+  std::vector<std::string> identities;
+  bool all_across = true;
+  for (int r = 0; r < size; ++r) {
+    const std::string theirs = keys.get("where/" + std::to_string(r));
+    if (theirs == "off") return std::nullopt;
+    all_across = all_across && theirs[0] == '1';
+    identities.push_back(theirs.substr(2));
+  }
+  HostLayout layout(identities);
+  if (layout.hosts() > 1) {
+    if (!all_across) return std::nullopt;  // switched off: Gloo, as asked
+    if (!layout.hierarchical()) {
+      if (rank == 0) notice_flat_gloo(layout);
+      return std::nullopt;
+    }
+  }
+  return layout;
+}
+
+// 2. Segment names no other job or group can meet: the run id and a nonce rank 0 draws (and, on
+//    several hosts, the host's index: each host's ranks make a Communicator of their own).
+std::string segment_prefix(Rendezvous& keys, int rank, const std::string& run_id, const HostLayout& layout) {
+  if (rank == 0) {
+    std::random_device random;
+    keys.set("nonce", std::to_string(random()) + std::to_string(random()));
+  }
+  std::string prefix = "/torchddp-" + short_run_id(run_id) + "-" + keys.get("nonce").substr(0, 12);
+  if (layout.hosts() > 1) prefix += "-h" + std::to_string(layout.host_of(rank));
+  return prefix;
 }
 
 }  // namespace
@@ -224,37 +286,9 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& st
                                        bool hierarchical, const std::shared_ptr<::gloo::transport::Device>& device) {
   if (size < 2) return nullptr;  // nothing to share
   StoreRendezvous keys(store);
-  // 1. Where each rank runs, whether it wants shared memory, and whether across hosts: the same
-  //    answer on every rank ("off", or "<hierarchical: 1|0> <host identity>").
-  const std::string where = wanted ? host_identity() : "";
-  const bool across = hierarchical;
-  keys.set("where/" + std::to_string(rank), where.empty() ? "off" : (across ? "1 " : "0 ") + where);
-  std::vector<std::string> identities;
-  bool all_across = true;
-  for (int r = 0; r < size; ++r) {
-    const std::string theirs = keys.get("where/" + std::to_string(r));
-    if (theirs == "off") return nullptr;
-    all_across = all_across && theirs[0] == '1';
-    identities.push_back(theirs.substr(2));
-  }
-  const HostLayout layout(identities);
-  if (layout.hosts() > 1) {
-    if (!all_across) return nullptr;  // switched off: Gloo, as asked
-    if (!layout.hierarchical()) {
-      if (rank == 0) notice_flat_gloo(layout);
-      return nullptr;
-    }
-  }
-
-  // 2. Segment names no other job or group can meet: the run id and a nonce rank 0 draws (and, on
-  //    several hosts, the host's index: each host's ranks make a Communicator of their own).
-  if (rank == 0) {
-    std::random_device random;
-    keys.set("nonce", std::to_string(random()) + std::to_string(random()));
-  }
-  std::string prefix = "/torchddp-" + short_run_id(run_id) + "-" + keys.get("nonce").substr(0, 12);
-  const int host = layout.host_of(rank);
-  if (layout.hosts() > 1) prefix += "-h" + std::to_string(host);
+  const std::optional<HostLayout> layout = agree_on_layout(keys, rank, size, wanted, hierarchical);
+  if (!layout) return nullptr;
+  const std::string prefix = segment_prefix(keys, rank, run_id, *layout);
 
   // 3. Set up, then agree: a rank may fail after a peer succeeded, and all must use one transport.
   std::unique_ptr<Communicator> communicator;
@@ -263,9 +297,9 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& st
   try {
     Options options;
     options.timeout = timeout;
-    if (layout.hosts() > 1) {
-      options.rank_names = layout.ranks_on_host(host);  // errors name the group's ranks
-      communicator = std::make_unique<Communicator>(keys, prefix, layout.local_rank_of(rank),
+    if (layout->hosts() > 1) {
+      options.rank_names = layout->ranks_on_host(layout->host_of(rank));  // errors name the group's ranks
+      communicator = std::make_unique<Communicator>(keys, prefix, layout->local_rank_of(rank),
                                                     static_cast<int>(options.rank_names.size()), options);
       scratch = communicator->share(Hierarchical::kScratchBytes);
     } else {
@@ -274,24 +308,20 @@ std::unique_ptr<Channel> Channel::open(const c10::intrusive_ptr<c10d::Store>& st
   } catch (const std::exception& error) {
     failure = error_text(error);
   }
-  keys.set("setup/" + std::to_string(rank), failure.empty() ? "ok" : failure);
-  for (int r = 0; r < size; ++r) {
-    const std::string theirs = keys.get("setup/" + std::to_string(r));
-    if (theirs == "ok") continue;
-    if (r == rank || (rank == 0 && failure.empty())) {
+  if (const std::optional<Failure> failed = first_failure(keys, "setup", rank, size, failure)) {
+    if (failed->rank == rank || (rank == 0 && failure.empty())) {
       std::fprintf(stderr, "[torchddp] shared memory does not serve this group (rank %d: %s); its collectives use "
-                   "Gloo over TCP\n", r, theirs.c_str());
+                   "Gloo over TCP\n", failed->rank, failed->why.c_str());
     }
     return nullptr;
   }
-  if (layout.hosts() == 1) {
+  if (layout->hosts() == 1) {
     std::unique_ptr<Channel> channel(new Channel(std::move(communicator), nullptr));
     channel->mailbox_ = open_mailbox(keys, prefix, rank, size, timeout);
     return channel;
   }
-
   // 4. Several hosts: this rank's Gloo group across them, with the ranks of its local rank.
-  auto steps = std::make_unique<Hierarchical>(layout, rank, std::move(communicator), std::move(scratch), store, device,
+  auto steps = std::make_unique<Hierarchical>(*layout, rank, std::move(communicator), std::move(scratch), store, device,
                                               timeout);
   return std::unique_ptr<Channel>(new Channel(nullptr, std::move(steps)));
 }
