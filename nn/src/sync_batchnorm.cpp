@@ -30,13 +30,7 @@ std::string who(int64_t num_features) {
   return "ddp::SyncBatchNorm(num_features=" + std::to_string(num_features) + ")";
 }
 
-// Dimensions reduced over (all but the channels), and the shape that broadcasts a per-channel
-// vector over the input.
-std::vector<int64_t> reduced_dims(const Tensor& input) {
-  std::vector<int64_t> dims{0};
-  for (int64_t d = 2; d < input.dim(); ++d) dims.push_back(d);
-  return dims;
-}
+// The shape that broadcasts a per-channel vector over the input.
 std::vector<int64_t> channel_shape(const Tensor& input) {
   std::vector<int64_t> shape(input.dim(), 1);
   shape[1] = input.size(1);
@@ -125,10 +119,14 @@ class SyncBatchNormFunction : public torch::autograd::Function<SyncBatchNormFunc
     const int64_t count = fits ? input.numel() / C : 0;
     Tensor local_mean, local_var;
     if (count > 0) {
-      auto [v, m] = at::var_mean(input.to(acc), at::IntArrayRef(reduced_dims(input)), /*unbiased=*/false,
-                                 /*keepdim=*/false);
-      local_mean = m.to(at::kDouble);
-      local_var = v.to(at::kDouble);
+      // BatchNorm's own statistics kernel, in its training form with eps 0 (so its invstd is
+      // 1/sqrt(var)): on the CPU several times faster than var_mean over (N, H, W); the normalized
+      // output it also makes is dropped. ATen gives a channel of variance 0 an invstd of 0.
+      const auto stats = at::native_batch_norm(input.to(acc), {}, {}, {}, {}, /*training=*/true, /*momentum=*/0.0,
+                                               /*eps=*/0.0);
+      const Tensor invstd = std::get<2>(stats).to(at::kDouble);
+      local_mean = std::get<1>(stats).to(at::kDouble);
+      local_var = invstd.pow(-2).masked_fill_(invstd == 0, 0.0);
     } else {
       local_mean = local_var = torch::zeros({C}, wire);
     }
