@@ -69,6 +69,10 @@ static_assert(sizeof(Mailbox::Slot) <= kSlotHeaderBytes, "a slot's header must f
 
 // A send, a receive, or a message taken before its receive (unexpected: its data in `buffer`).
 struct Mailbox::Operation {
+  Operation() = default;
+  Operation(bool is_send, unsigned char* data, std::size_t bytes, int peer, int tag, Lane lane, Done done)
+      : is_send(is_send), data(data), bytes(bytes), peer(peer), tag(tag), lane(lane), done(std::move(done)) {}
+
   bool is_send = false;
   unsigned char* data = nullptr;
   std::size_t bytes = 0;
@@ -207,29 +211,16 @@ void Mailbox::send(const void* data, std::size_t bytes, int dst, int tag, Done d
   if (dst < 0 || dst >= size_ || dst == rank_) {
     throw std::invalid_argument("shm::Mailbox::send: " + std::to_string(dst) + " is not a peer of rank " + std::to_string(rank_));
   }
-  auto operation = std::make_unique<Operation>();
-  operation->is_send = true;
-  operation->data = static_cast<unsigned char*>(const_cast<void*>(data));  // only read
-  operation->bytes = bytes;
-  operation->peer = dst;
-  operation->tag = tag;
-  operation->lane = lane;
-  operation->done = std::move(done);
-  add(std::move(operation));
+  auto* from = static_cast<unsigned char*>(const_cast<void*>(data));  // only read
+  add(std::make_unique<Operation>(/*is_send=*/true, from, bytes, dst, tag, lane, std::move(done)));
 }
 
 void Mailbox::recv(void* data, std::size_t bytes, int src, int tag, Done done, Lane lane) {
   if (src != kAnySource && (src < 0 || src >= size_ || src == rank_)) {
     throw std::invalid_argument("shm::Mailbox::recv: " + std::to_string(src) + " is not a peer of rank " + std::to_string(rank_));
   }
-  auto operation = std::make_unique<Operation>();
-  operation->data = static_cast<unsigned char*>(data);
-  operation->bytes = bytes;
-  operation->peer = src;
-  operation->tag = tag;
-  operation->lane = lane;
-  operation->done = std::move(done);
-  add(std::move(operation));
+  add(std::make_unique<Operation>(/*is_send=*/false, static_cast<unsigned char*>(data), bytes, src, tag, lane,
+                                  std::move(done)));
 }
 
 // Queues the operation for the thread - a receive whose message was taken already is finished
