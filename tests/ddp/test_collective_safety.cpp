@@ -16,6 +16,7 @@
 #include <ddp/distributed_data_parallel.h>
 #include <ddp/distributed_optimizer.h>
 
+#include "sequence_number.h"
 #include "models.h"
 #include "multiprocess.h"
 #include "error_of.h"
@@ -48,18 +49,6 @@ RunOptions detail_on_gloo() {
 }
 TEST(CollectiveSafety, MismatchedSizesAreAnErrorOnEveryRankNotAnAbort) {
   EXPECT_WORKERS_OK(run_workers("mismatched_sizes", 2, detail_on_gloo()));
-}
-
-// ProcessGroup::setSequenceNumberForGroup() starts the group's count in 1.13 and 2.6; 2.15's
-// ProcessGroup has none (sequence numbers start at 0 on every rank; checked: its headers).
-template <typename G, typename = void>
-struct sets_sequence_number : std::false_type {};
-template <typename G>
-struct sets_sequence_number<G, std::void_t<decltype(std::declval<G&>().setSequenceNumberForGroup())>>
-    : std::true_type {};
-template <typename G>
-void start_sequence_number(const c10::intrusive_ptr<G>& group) {
-  if constexpr (sets_sequence_number<G>::value) group->setSequenceNumberForGroup();
 }
 
 // Without DETAIL a free collective is one collective, nothing more (issue 23): the group's own

@@ -12,6 +12,7 @@
 
 #include <ddp/ddp.h>
 
+#include "sequence_number.h"
 #include "models.h"
 #include "multiprocess.h"
 
@@ -246,6 +247,16 @@ ddp::FSDPModule<ShardNetImpl> shard_net(ShardNet& net) {
   return ddp::fully_shard(net);
 }
 
+// The largest difference between two sharded models' whole states, entry by entry.
+double largest_difference(ddp::FSDPModule<ShardNetImpl>& got, ddp::FSDPModule<ShardNetImpl>& want) {
+  const auto expected = want.full_state_dict();
+  double worst = 0;
+  for (const auto& item : got.full_state_dict()) {
+    worst = std::max(worst, (item.value() - *expected.find(item.key())).abs().max().item<double>());
+  }
+  return worst;
+}
+
 // Five steps at W=2, then the checkpoint: the whole model and Adam's state, as one process saves.
 // The narrow model: the W=2 and W=3 runs sum in different orders, which Adam amplifies on a wide
 // layer (see train_against_one_process).
@@ -280,11 +291,7 @@ DDP_WORKER(fsdp_checkpoint_resume) {
   auto straight = shard_net(straight_net);
   torch::optim::Adam straight_optimizer(straight_net->parameters(), 0.01);
   train_steps(straight, straight_optimizer, 0, 10);
-  const auto want = straight.full_state_dict();
-  double worst = 0;
-  for (const auto& item : resumed.full_state_dict()) {
-    worst = std::max(worst, (item.value() - *want.find(item.key())).abs().max().item<double>());
-  }
+  const double worst = largest_difference(resumed, straight);
   require(worst <= 1e-6, "saved at W=2, resumed at W=3: differs from an uninterrupted W=3 run by " + std::to_string(worst));
 }
 TEST(FullyShard, ACheckpointSavedAtTwoRanksResumesAtThree) {
@@ -310,18 +317,6 @@ TEST(FullyShard, ShardedForwardIsThePlainCallWhenNothingIsSharded) {
 }
 
 // --- sharded checkpoints: one file per rank, nothing gathered ----------------------------------------
-
-// ProcessGroup::setSequenceNumberForGroup() starts the group's count of collectives in 1.13 and
-// 2.6; 2.15's counts from 0 on every rank without it.
-template <typename G, typename = void>
-struct sets_sequence_number : std::false_type {};
-template <typename G>
-struct sets_sequence_number<G, std::void_t<decltype(std::declval<G&>().setSequenceNumberForGroup())>>
-    : std::true_type {};
-template <typename G>
-void start_sequence_number(const c10::intrusive_ptr<G>& group) {
-  if constexpr (sets_sequence_number<G>::value) group->setSequenceNumberForGroup();
-}
 
 // How many collectives `call` issued on the default group: Gloo advances the group's sequence
 // number once per collective (the workers run with shared memory off, which does not count).
@@ -382,11 +377,7 @@ DDP_WORKER(fsdp_sharded_resume) {
   auto straight = shard_net(straight_net);
   torch::optim::Adam straight_optimizer(straight_net->parameters(), 0.01);
   train_steps(straight, straight_optimizer, 0, 10);
-  const auto want = straight.full_state_dict();
-  double worst = 0;
-  for (const auto& item : resumed.full_state_dict()) {
-    worst = std::max(worst, (item.value() - *want.find(item.key())).abs().max().item<double>());
-  }
+  const double worst = largest_difference(resumed, straight);
   require(worst <= 1e-6, "saved sharded at W=" + std::to_string(saved_at) + ", resumed at W=" +
                              std::to_string(ddp::get_world_size()) + ": differs from an uninterrupted run by " +
                              std::to_string(worst));
