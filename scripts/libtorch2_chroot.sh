@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite again, built against LibTorch 2.x: Debian trixie's libtorch-dev (2.6) in a
 # debootstrap chroot. CI runs it after scripts/test.sh (the host's LibTorch 1.13.1), so both
-# branches of ddp/internal/compat.h are compiled and tested on every run.
+# branches of ddp/internal/compat/versions.h are compiled and tested on every run.
 #
 #   bash scripts/libtorch2_chroot.sh            # as root: debootstrap, mount and chroot need it
 #   bash scripts/libtorch2_chroot.sh -R consumer   # extra arguments go to ctest

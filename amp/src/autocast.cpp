@@ -7,7 +7,7 @@
 
 #include <ATen/autocast_mode.h>
 
-#include "compat.h"
+#include "ddp/internal/compat/versions.h"
 
 namespace ddp {
 namespace {

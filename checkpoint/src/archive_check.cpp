@@ -9,7 +9,7 @@
 // torch::serialize::OutputArchive writes, line by line; (3) every pickle passes check_pickle,
 // tensors checked against the sizes of their records; (4) a TorchScript archive is rebuilt from
 // just those checked records, so nothing unchecked (debug records) is read.
-#include "archive_check.h"
+#include "checkpoint/src/archive_check.h"
 
 #include <algorithm>
 #include <cctype>
@@ -19,7 +19,7 @@
 
 #include <caffe2/serialize/inline_container.h>
 
-#include "pickle_check.h"
+#include "checkpoint/src/pickle_check.h"
 
 namespace ddp {
 namespace {

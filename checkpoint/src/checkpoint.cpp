@@ -20,13 +20,13 @@
 
 #include <ddp/atomic_file.h>
 
-#include "archive_check.h"
-#include "compat.h"
-#include "directory_lock.h"
-#include "error_line.h"
-#include "optimizer_placement.h"
-#include "optimizer_state.h"
-#include "tensor_check.h"
+#include "checkpoint/src/archive_check.h"
+#include "ddp/internal/compat/versions.h"
+#include "checkpoint/src/directory_lock.h"
+#include "checkpoint/src/error_line.h"
+#include "checkpoint/src/optimizer_placement.h"
+#include "ddp/internal/compat/optimizer_state.h"
+#include "checkpoint/src/tensor_check.h"
 
 namespace ddp {
 namespace {

@@ -19,10 +19,10 @@
 #include <torch/csrc/jit/serialization/pickler.h>
 #include <zlib.h>
 
-#include "archive_check.h"
-#include "error_line.h"
-#include "pickle_check.h"
-#include "tensor_check.h"
+#include "checkpoint/src/archive_check.h"
+#include "checkpoint/src/error_line.h"
+#include "checkpoint/src/pickle_check.h"
+#include "checkpoint/src/tensor_check.h"
 
 namespace ddp {
 namespace {
@@ -78,7 +78,7 @@ std::string hex32(uint32_t value) {
 // attribute set by BUILD). LibTorch's C++ unpickler turns an OrderedDict into None and knows no
 // SETITEM, so such a file would not load. Not a 1.13 quirk: 2.6's does the same (without this
 // rewrite both fail "Expected GenericDict but got None"), so it stays
-// here for every version rather than behind compat.h. We rewrite just those two spots of the pickle: the root
+// here for every version rather than behind compat/versions.h. We rewrite just those two spots of the pickle: the root
 // becomes a plain dict, the OrderedDict global stays in the memo (tensors reference it for their
 // backward hooks) as a dummy entry removed after loading, and the trailing _metadata BUILD is cut.
 constexpr char kHookKey[] = "__torchddp_ordered_dict__";

@@ -1,6 +1,6 @@
 // The checkpoint directory's lock (directory_lock.h): flock on a file in the directory, so the
 // kernel releases it when its process ends, however it ends; the file's text only names the holder.
-#include "directory_lock.h"
+#include "checkpoint/src/directory_lock.h"
 
 #include <cerrno>
 #include <cstring>

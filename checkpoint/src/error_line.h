@@ -7,7 +7,7 @@
 
 #include <c10/util/Exception.h>
 
-#include "error_text.h"
+#include "ddp/internal/diagnostics/error_text.h"
 
 namespace ddp {
 

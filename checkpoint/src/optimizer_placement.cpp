@@ -1,12 +1,12 @@
 // place_state_with_parameters: after Optimizer::load, each parameter's state moves to the
 // parameter's device (optimizer_placement.h).
-#include "optimizer_placement.h"
+#include "checkpoint/src/optimizer_placement.h"
 
 #include <stdexcept>
 
-#include "compat.h"
-#include "optimizer_state.h"
-#include "tensor_check.h"
+#include "ddp/internal/compat/versions.h"
+#include "ddp/internal/compat/optimizer_state.h"
+#include "checkpoint/src/tensor_check.h"
 
 namespace ddp {
 

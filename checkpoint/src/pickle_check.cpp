@@ -9,7 +9,7 @@
 // pickle nesting lists a few hundred thousand deep overflowed the stack. Each value here knows
 // how deep it nests; a container is filled before it goes inside another (as every pickler
 // writes it), so that depth stays true; and values are freed by a loop, not recursion.
-#include "pickle_check.h"
+#include "checkpoint/src/pickle_check.h"
 
 #include <algorithm>
 #include <cctype>

@@ -1,5 +1,5 @@
 // non_finite: a pass over a tensor in chunks, so the temporary mask stays small for any size.
-#include "tensor_check.h"
+#include "checkpoint/src/tensor_check.h"
 
 #include <algorithm>
 #include <sstream>

@@ -5,21 +5,24 @@
                                       exit 1 listing each include that breaks a rule
 
 The parts, bottom to top (CMakeLists.txt builds each as an OBJECT library whose include path
-already enforces most of this; this script states it once and catches what a path cannot, such
+already enforces rule 1; this script states every rule once and catches what a path cannot, such
 as a test reaching into a part's src/):
 
-    ddp/internal   LibTorch version shims, error-text and number rules: private to the library
+    ddp/internal   private to the library: compat/ (LibTorch version shims, optimizer state's
+                   tensors), diagnostics/ (error text, message lists, debug level), numbers/
     ddp/floor      process groups, collectives, desync, heartbeat, launch environment, metrics
-    ddp/engine     DistributedDataParallel (reducer/, hooks/, join/, observe/)
+    ddp/engine     DistributedDataParallel (reducer/, hooks/, join/, observe/), ZeRO, FSDP
     sampler, checkpoint, amp, nn   on the floor (checkpoint also on the sampler: TrainingState)
 
 Rules:
   1. A part includes public headers only of itself and of the parts it may use (USES below).
-  2. A private header (a part's src/, or ddp/internal) is included only by its own part; the
-     engine may include the floor's; every part may include ddp/internal; a unit test or
-     micro-benchmark beside the sources (ddp/**/*_test.cpp, *_bench.cpp) may include its part's.
+  2. A private header (a part's src/, or ddp/internal) is included only by its own part (its unit
+     tests and micro-benchmarks beside the sources, ddp/**/*_test.cpp, included); the engine may
+     include the floor's; every part may include ddp/internal.
   3. Installed headers (<part>/include, include/) never include a private header.
   4. launch/ (ddprun: no LibTorch) includes no library header at all.
+  5. A private header is named by its path from the repository root ("ddp/floor/src/backends.h",
+     not "backends.h"), so the include line says which part it belongs to.
 """
 import os
 import re
@@ -56,26 +59,38 @@ def part_of(path):
 
 
 def index_headers(root):
-    """public: 'ddp/x.h' -> part; private: list of (part, path relative to its src root)."""
-    public, private = {}, []
+    """public: 'ddp/x.h' -> part; private: repo path ('ddp/floor/src/x.h') -> part."""
+    public, private = {}, {}
     for part, folder in PARTS.items():
         base = os.path.join(root, folder)
         for dirpath, _, files in os.walk(base):
             for name in files:
                 if not name.endswith(".h"):
                     continue
-                rel = os.path.relpath(os.path.join(dirpath, name), base)
+                full = os.path.join(dirpath, name)
+                rel = os.path.relpath(full, base)
                 if rel.startswith("include" + os.sep):
-                    public[os.path.relpath(os.path.join(dirpath, name), os.path.join(base, "include"))] = part
+                    public[os.path.relpath(full, os.path.join(base, "include"))] = part
                 else:
-                    src_root = base if part == "internal" else os.path.join(base, "src")
-                    private.append((part, os.path.relpath(os.path.join(dirpath, name), src_root)))
+                    private[os.path.relpath(full, root)] = part
     return public, private
+
+
+def bare_private(root, path, name, private):
+    """The private header a quoted include names other than by its repo path, or None: the name
+    relative to the including file's folder, or a part's src/ or ddp/internal as the old include
+    paths had it."""
+    bases = [os.path.dirname(path)] + [os.path.join(folder, "src") for folder in PARTS.values()] + ["ddp/internal"]
+    for base in bases:
+        candidate = os.path.normpath(os.path.join(base, name))
+        if candidate in private:
+            return candidate
+    return None
 
 
 def sources(root):
     for dirpath, dirnames, files in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith("build")]
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS and not d.startswith(("build", "."))]
         for name in files:
             if name.endswith((".h", ".cpp", ".cc", ".hpp")):
                 yield os.path.relpath(os.path.join(dirpath, name), root)
@@ -89,7 +104,6 @@ def check(root):
             text = f.read()
         part = part_of(path)
         installed = "/include/" in "/" + path
-        unit_test = path.startswith("ddp/") and path.endswith(("_test.cpp", "_bench.cpp"))
         files += 1
         for kind, name in INCLUDE.findall(text):
             count += 1
@@ -101,16 +115,18 @@ def check(root):
                     problems.append(f"{path}: includes <{name}>, a header of {owner}, which {part} may not use "
                                     f"(rule 1: {part} uses {sorted(USES[part]) or 'nothing'})")
                 continue
-            # A private header: which part's src/ (or the internals) defines this name?
-            owners = [p for p, rel in private if rel == name]
-            if not owners:
+            # A private header: named by its repo path, which says whose it is.
+            owner = private.get(name)
+            if owner is None:
+                if kind == '"' and (part is not None or path.startswith(("tests/", "benchmarks/"))):
+                    named = bare_private(root, path, name, private)
+                    if named is not None:
+                        problems.append(f'{path}: includes "{name}": name a private header by its path from the '
+                                        f'repository root, "{named}" (rule 5)')
                 continue  # a system, LibTorch or test-local header
-            if part is not None and part in owners:
+            if part == owner:
                 continue  # its own
-            owner = owners[0]
             allowed = part is not None and (owner == "internal" or owner in SEES_PRIVATE.get(part, set()))
-            if unit_test and part is not None:
-                allowed = allowed or owner == part
             if installed:
                 problems.append(f"{path}: an installed header includes the private header {name} of {owner} (rule 3)")
             elif not allowed:

@@ -5,12 +5,12 @@
 
 #include <ATen/core/grad_mode.h>
 
-#include "backends.h"
-#include "check_number.h"
-#include "debug_level.h"
-#include "engine_claims.h"
-#include "reducer/reducer.h"
-#include "reducer/state_sync.h"
+#include "ddp/floor/src/backends.h"
+#include "ddp/internal/numbers/check_number.h"
+#include "ddp/internal/diagnostics/debug_level.h"
+#include "ddp/engine/src/engine_claims.h"
+#include "ddp/engine/src/reducer/reducer.h"
+#include "ddp/engine/src/reducer/state_sync.h"
 
 namespace ddp::detail {
 

@@ -1,4 +1,4 @@
-#include "engine_claims.h"
+#include "ddp/engine/src/engine_claims.h"
 
 #include <mutex>
 #include <unordered_map>

@@ -1,4 +1,4 @@
-#include "backends.h"
+#include "ddp/floor/src/backends.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -9,9 +9,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
-#include "compat.h"
-#include "owned_group.h"
-#include "shm/channel.h"
+#include "ddp/internal/compat/versions.h"
+#include "ddp/floor/src/owned_group.h"
+#include "ddp/floor/src/shm/channel.h"
 
 namespace ddp::detail {
 namespace {

@@ -9,7 +9,7 @@
 
 #include <ddp/process_group.h>
 
-#include "owned_group.h"
+#include "ddp/floor/src/owned_group.h"
 
 namespace ddp::detail {
 

@@ -1,12 +1,12 @@
 // The store whose calls return within a bound (bounded_store.h): a worker thread per store runs
 // the calls one at a time; the caller waits for each with a deadline.
-#include "bounded_store.h"
+#include "ddp/floor/src/bounded_store.h"
 
 #include <stdexcept>
 #include <type_traits>
 #include <utility>
 
-#include "compat.h"
+#include "ddp/internal/compat/versions.h"
 
 namespace ddp::detail {
 

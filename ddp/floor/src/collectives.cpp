@@ -9,12 +9,12 @@
 #include <ddp/process_group.h>
 #include <ddp/wait_collective.h>
 
-#include "backends.h"
-#include "debug_level.h"
-#include "desync.h"
-#include "error_text.h"
-#include "free_collective.h"
-#include "heartbeat.h"
+#include "ddp/floor/src/backends.h"
+#include "ddp/internal/diagnostics/debug_level.h"
+#include "ddp/floor/src/desync.h"
+#include "ddp/internal/diagnostics/error_text.h"
+#include "ddp/floor/src/free_collective.h"
+#include "ddp/floor/src/heartbeat.h"
 
 namespace ddp {
 

@@ -1,4 +1,4 @@
-#include "desync.h"
+#include "ddp/floor/src/desync.h"
 
 #include <sstream>
 #include <vector>
@@ -7,7 +7,7 @@
 
 #include <ddp/wait_collective.h>
 
-#include "text.h"
+#include "ddp/internal/diagnostics/text.h"
 
 namespace ddp::detail {
 namespace {

@@ -5,7 +5,7 @@
 // CollectiveError on every rank naming each rank's collective, instead of Gloo pairing mismatched
 // buffers (a wrong average, or an abort in its transport thread that no program can catch).
 //
-// With TORCH_DISTRIBUTED_DEBUG=DETAIL (debug_level.h), as PyTorch: for the free collectives
+// With TORCH_DISTRIBUTED_DEBUG=DETAIL (ddp/internal/diagnostics/debug_level.h), as PyTorch: for the free collectives
 // (ddp::all_reduce, broadcast, all_gather, barrier) and DDP's own. Without it nothing is checked
 // and nothing is paid; DDP's collectives still never pair with a program's own, because DDP
 // reduces over a group of its own (backends.h, split_off).

@@ -4,8 +4,8 @@
 
 #include <stdexcept>
 
-#include "error_text.h"
-#include "text.h"
+#include "ddp/internal/diagnostics/error_text.h"
+#include "ddp/internal/diagnostics/text.h"
 
 namespace ddp {
 namespace {

@@ -5,9 +5,9 @@
 // paired inside the backend. Otherwise a free collective is exactly its collective, as in PyTorch.
 #include <ddp/process_group.h>
 
-#include "backends.h"
-#include "debug_level.h"
-#include "desync.h"
+#include "ddp/floor/src/backends.h"
+#include "ddp/internal/diagnostics/debug_level.h"
+#include "ddp/floor/src/desync.h"
 
 namespace ddp::detail {
 

@@ -1,13 +1,13 @@
 // DDP's gradient buckets (gradient_buffers.h): the three kinds of buffer, and the one place that
 // chooses between them.
-#include "gradient_buffers.h"
+#include "ddp/floor/src/gradient_buffers.h"
 
 #include <algorithm>
 #include <utility>
 
-#include "owned_group.h"
-#include "shm/channel.h"
-#include "start_allreduce.h"
+#include "ddp/floor/src/owned_group.h"
+#include "ddp/floor/src/shm/channel.h"
+#include "ddp/floor/src/start_allreduce.h"
 
 namespace ddp::detail {
 namespace {

@@ -1,5 +1,5 @@
 // The heartbeat thread and the stall report (heartbeat.h says what they are for).
-#include "heartbeat.h"
+#include "ddp/floor/src/heartbeat.h"
 
 #include <ddp/wait_collective.h>
 
@@ -13,14 +13,14 @@
 #include <thread>
 #include <vector>
 
-#include "error_text.h"
-#include "store_text.h"
-#include "text.h"
+#include "ddp/internal/diagnostics/error_text.h"
+#include "ddp/floor/src/store_text.h"
+#include "ddp/internal/diagnostics/text.h"
 
 #ifndef _WIN32  // no /proc: a silent rank is never told apart there
 #include <unistd.h>
 
-#include "shm/process.h"
+#include "ddp/floor/src/shm/process.h"
 #endif
 
 namespace ddp::detail {

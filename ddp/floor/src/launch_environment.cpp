@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <stdexcept>
 
-#include "error_text.h"
-#include "parse_int.h"
+#include "ddp/internal/diagnostics/error_text.h"
+#include "ddp/internal/numbers/parse_int.h"
 
 namespace ddp {
 namespace {

@@ -13,9 +13,9 @@
 #include <ddp/process_group.h>
 #include <ddp/wait_collective.h>
 
-#include "backends.h"
-#include "error_text.h"
-#include "free_collective.h"
+#include "ddp/floor/src/backends.h"
+#include "ddp/internal/diagnostics/error_text.h"
+#include "ddp/floor/src/free_collective.h"
 
 namespace ddp {
 namespace {

@@ -1,6 +1,6 @@
 // The group handle the library owns (owned_group.h): forwarding to the backend's group, except
 // where the shared-memory channel serves the collective.
-#include "owned_group.h"
+#include "ddp/floor/src/owned_group.h"
 
 #include <functional>
 #include <utility>
@@ -8,7 +8,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 
-#include "shm/channel.h"
+#include "ddp/floor/src/shm/channel.h"
 
 namespace ddp::detail {
 

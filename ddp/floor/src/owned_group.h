@@ -12,7 +12,7 @@
 // Everything else forwards to the backend's group unchanged.
 //
 // 1.13: an OwnedGroup is the c10d::ProcessGroup itself. 2.x: it is the c10d::Backend the
-// ProcessGroup dispatches to (compat.h), for CPU tensors (Gloo) or CUDA tensors (NCCL).
+// ProcessGroup dispatches to (ddp/internal/compat/versions.h), for CPU tensors (Gloo) or CUDA tensors (NCCL).
 //
 // Thread-safety: as c10d's groups. Collectives may be issued from several threads (DDP's training
 // and hook threads); next_split() is for the thread that makes groups.
@@ -26,8 +26,8 @@
 
 #include <ddp/process_group.h>
 
-#include "compat.h"
-#include "debug_level.h"
+#include "ddp/internal/compat/versions.h"
+#include "ddp/internal/diagnostics/debug_level.h"
 
 namespace gloo::transport {
 class Device;

@@ -24,14 +24,14 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "backends.h"
-#include "compat.h"
-#include "error_text.h"
-#include "heartbeat.h"
-#include "parse_int.h"
-#include "bounded_store.h"
-#include "store_text.h"
-#include "text.h"
+#include "ddp/floor/src/backends.h"
+#include "ddp/internal/compat/versions.h"
+#include "ddp/internal/diagnostics/error_text.h"
+#include "ddp/floor/src/heartbeat.h"
+#include "ddp/internal/numbers/parse_int.h"
+#include "ddp/floor/src/bounded_store.h"
+#include "ddp/floor/src/store_text.h"
+#include "ddp/internal/diagnostics/text.h"
 #include <ddp/launch_environment.h>
 
 namespace ddp {

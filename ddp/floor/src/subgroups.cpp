@@ -9,10 +9,10 @@
 
 #include <ddp/process_group.h>
 
-#include "backends.h"
-#include "error_text.h"
-#include "owned_group.h"
-#include "text.h"
+#include "ddp/floor/src/backends.h"
+#include "ddp/internal/diagnostics/error_text.h"
+#include "ddp/floor/src/owned_group.h"
+#include "ddp/internal/diagnostics/text.h"
 
 namespace ddp {
 namespace {

@@ -6,6 +6,8 @@
 // Training forward (input x of shape (N, C, ...), N may differ per rank and may be 0):
 //   1. per channel, this rank's mean, biased variance and count n = numel / C
 //        - the only statistics needed to combine batches exactly (Chan's parallel variance);
+//        - taken from BatchNorm's own kernel in its training form with eps 0 (its invstd then
+//          gives the variance), on any device;
 //   2. one allgather of [header, n, mean, var] (float64, 2C + 3 values) from every rank
 //        - one collective per forward; the header (x's dimensionality and channels) lets every
 //          rank see a rank whose input does not fit and fail with the same message, no hang;

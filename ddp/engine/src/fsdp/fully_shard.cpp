@@ -12,10 +12,10 @@
 
 #include <ddp/fully_shard.h>
 
-#include "error_text.h"
-#include "fsdp/sharded_unit.h"
-#include "reducer/state_sync.h"
-#include "engine_claims.h"
+#include "ddp/internal/diagnostics/error_text.h"
+#include "ddp/engine/src/fsdp/sharded_unit.h"
+#include "ddp/engine/src/reducer/state_sync.h"
+#include "ddp/engine/src/engine_claims.h"
 
 namespace ddp::detail {
 namespace {

@@ -1,4 +1,4 @@
-#include "fsdp/shard_layout.h"
+#include "ddp/engine/src/fsdp/shard_layout.h"
 
 #include <algorithm>
 

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "fsdp/shard_layout.h"
+#include "ddp/engine/src/fsdp/shard_layout.h"
 
 namespace {
 

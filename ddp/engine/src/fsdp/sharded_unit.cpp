@@ -1,4 +1,4 @@
-#include "fsdp/sharded_unit.h"
+#include "ddp/engine/src/fsdp/sharded_unit.h"
 
 #include <cstddef>
 
@@ -12,9 +12,9 @@
 
 #include <ddp/wait_collective.h>
 
-#include "free_collective.h"
-#include "observe/timeline.h"
-#include "optimizer_state.h"
+#include "ddp/floor/src/free_collective.h"
+#include "ddp/engine/src/observe/timeline.h"
+#include "ddp/internal/compat/optimizer_state.h"
 
 namespace ddp::detail {
 namespace {

@@ -21,8 +21,8 @@
 
 #include <ddp/fully_shard.h>
 
-#include "compat.h"
-#include "fsdp/shard_layout.h"
+#include "ddp/internal/compat/versions.h"
+#include "ddp/engine/src/fsdp/shard_layout.h"
 
 namespace ddp::detail {
 

@@ -7,9 +7,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include <ddp/wait_collective.h>
-#include "backends.h"
-#include "compat.h"
-#include "gradient_buffers.h"
+#include "ddp/floor/src/backends.h"
+#include "ddp/internal/compat/versions.h"
+#include "ddp/floor/src/gradient_buffers.h"
 
 namespace ddp {
 

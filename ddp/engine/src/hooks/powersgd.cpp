@@ -12,7 +12,7 @@
 
 #include <ddp/wait_collective.h>
 
-#include "check_number.h"
+#include "ddp/internal/numbers/check_number.h"
 
 namespace ddp::hooks {
 

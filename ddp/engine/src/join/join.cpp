@@ -7,10 +7,10 @@
 #include <ATen/ATen.h>
 
 #include <ddp/wait_collective.h>
-#include "backends.h"
-#include "debug_level.h"
-#include "desync.h"
-#include "start_allreduce.h"
+#include "ddp/floor/src/backends.h"
+#include "ddp/internal/diagnostics/debug_level.h"
+#include "ddp/floor/src/desync.h"
+#include "ddp/floor/src/start_allreduce.h"
 
 namespace ddp {
 namespace {

@@ -1,4 +1,4 @@
-#include "observe/iteration_recorder.h"
+#include "ddp/engine/src/observe/iteration_recorder.h"
 
 #include <algorithm>
 #include <string>

@@ -21,7 +21,7 @@
 #include <memory>
 #include <vector>
 
-#include "observe/timeline.h"
+#include "ddp/engine/src/observe/timeline.h"
 
 namespace ddp::detail {
 

@@ -8,7 +8,7 @@
 #include <atomic>
 #include <thread>
 
-#include "observe/iteration_recorder.h"
+#include "ddp/engine/src/observe/iteration_recorder.h"
 
 namespace ddp::detail {
 namespace {

@@ -1,4 +1,4 @@
-#include "observe/timeline.h"
+#include "ddp/engine/src/observe/timeline.h"
 
 #include <cstdlib>
 #include <filesystem>

@@ -10,11 +10,11 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
-#include "backends.h"
-#include "check_number.h"
-#include "optimizer/group_options.h"
-#include "reducer/reducer.h"
-#include "reducer/state_sync.h"
+#include "ddp/floor/src/backends.h"
+#include "ddp/internal/numbers/check_number.h"
+#include "ddp/engine/src/optimizer/group_options.h"
+#include "ddp/engine/src/reducer/reducer.h"
+#include "ddp/engine/src/reducer/state_sync.h"
 
 namespace ddp {
 namespace detail {

@@ -1,5 +1,5 @@
 // A LibTorch optimizer archive's parameter-group options (group_options.h).
-#include "optimizer/group_options.h"
+#include "ddp/engine/src/optimizer/group_options.h"
 
 #include <string>
 

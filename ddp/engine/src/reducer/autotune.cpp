@@ -1,4 +1,4 @@
-#include "reducer/autotune.h"
+#include "ddp/engine/src/reducer/autotune.h"
 
 #include <algorithm>
 

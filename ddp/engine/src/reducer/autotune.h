@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "reducer/bucket_assignment.h"
+#include "ddp/engine/src/reducer/bucket_assignment.h"
 
 namespace ddp::detail {
 

@@ -7,7 +7,7 @@
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include "gradient_buffers.h"
+#include "ddp/floor/src/gradient_buffers.h"
 
 namespace ddp::detail {
 

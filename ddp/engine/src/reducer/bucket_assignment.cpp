@@ -1,4 +1,4 @@
-#include "reducer/bucket_assignment.h"
+#include "ddp/engine/src/reducer/bucket_assignment.h"
 
 #include <algorithm>
 #include <map>

@@ -2,7 +2,7 @@
 // parallel) rules are tested on a CPU-only machine.
 #include <gtest/gtest.h>
 
-#include "reducer/bucket_assignment.h"
+#include "ddp/engine/src/reducer/bucket_assignment.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "reducer/hook_runner.h"
+#include "ddp/engine/src/reducer/hook_runner.h"
 
 #include <memory>
 #include <sstream>

@@ -1,5 +1,5 @@
-#include "error_text.h"
-#include "reducer/reducer.h"
+#include "ddp/internal/diagnostics/error_text.h"
+#include "ddp/engine/src/reducer/reducer.h"
 
 #include <algorithm>
 #include <cstring>
@@ -15,14 +15,14 @@
 
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
-#include "backends.h"
+#include "ddp/floor/src/backends.h"
 #include <ddp/wait_collective.h>
-#include "reducer/bucket_assignment.h"
-#include "debug_level.h"
-#include "text.h"
-#include "desync.h"
-#include "reducer/state_sync.h"
-#include "start_allreduce.h"
+#include "ddp/engine/src/reducer/bucket_assignment.h"
+#include "ddp/internal/diagnostics/debug_level.h"
+#include "ddp/internal/diagnostics/text.h"
+#include "ddp/floor/src/desync.h"
+#include "ddp/engine/src/reducer/state_sync.h"
+#include "ddp/floor/src/start_allreduce.h"
 
 namespace ddp::detail {
 namespace {

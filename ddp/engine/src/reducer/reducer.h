@@ -35,15 +35,15 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
 
-#include "compat.h"
-#include "reducer/bucket.h"
+#include "ddp/internal/compat/versions.h"
+#include "ddp/engine/src/reducer/bucket.h"
 #include <ddp/comm_hooks.h>
 #include <ddp/ddp_core.h>  // ReductionStats
 #include <ddp/process_group.h>
-#include "reducer/autotune.h"
-#include "desync.h"
-#include "reducer/hook_runner.h"
-#include "observe/iteration_recorder.h"
+#include "ddp/engine/src/reducer/autotune.h"
+#include "ddp/floor/src/desync.h"
+#include "ddp/engine/src/reducer/hook_runner.h"
+#include "ddp/engine/src/observe/iteration_recorder.h"
 
 namespace ddp::detail {
 

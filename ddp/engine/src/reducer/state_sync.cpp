@@ -1,4 +1,4 @@
-#include "reducer/state_sync.h"
+#include "ddp/engine/src/reducer/state_sync.h"
 
 #include <algorithm>
 #include <limits>
@@ -9,9 +9,9 @@
 #include <c10/core/DeviceGuard.h>
 
 #include <ddp/wait_collective.h>
-#include "backends.h"
-#include "debug_level.h"
-#include "desync.h"
+#include "ddp/floor/src/backends.h"
+#include "ddp/internal/diagnostics/debug_level.h"
+#include "ddp/floor/src/desync.h"
 
 namespace ddp::detail {
 namespace {

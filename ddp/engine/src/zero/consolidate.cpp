@@ -12,11 +12,11 @@
 #include <torch/serialize/input-archive.h>
 #include <torch/serialize/output-archive.h>
 
-#include "compat.h"
-#include "error_text.h"
-#include "optimizer/group_options.h"
-#include "optimizer_state.h"
-#include "zero/who.h"
+#include "ddp/internal/compat/versions.h"
+#include "ddp/internal/diagnostics/error_text.h"
+#include "ddp/engine/src/optimizer/group_options.h"
+#include "ddp/internal/compat/optimizer_state.h"
+#include "ddp/engine/src/zero/who.h"
 
 namespace ddp {
 

@@ -6,10 +6,10 @@
 #include <stdexcept>
 #include <string>
 
-#include "backends.h"
-#include "error_text.h"
-#include "reducer/hook_runner.h"
-#include "zero/overlap.h"
+#include "ddp/floor/src/backends.h"
+#include "ddp/internal/diagnostics/error_text.h"
+#include "ddp/engine/src/reducer/hook_runner.h"
+#include "ddp/engine/src/zero/overlap.h"
 
 namespace ddp::detail {
 

@@ -1,6 +1,6 @@
 // ZeroRedundancyOptimizer overlapped with DDP: the bucket assignment and the per-bucket step and
 // broadcast the hook drives (overlap.h; the hook itself is ddp_zero_hook.cpp).
-#include "zero/overlap.h"
+#include "ddp/engine/src/zero/overlap.h"
 
 #include <algorithm>
 #include <stdexcept>
@@ -9,10 +9,10 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
-#include "error_text.h"
-#include "zero/partition.h"
-#include "zero/shard_tensors.h"
-#include "zero/who.h"
+#include "ddp/internal/diagnostics/error_text.h"
+#include "ddp/engine/src/zero/partition.h"
+#include "ddp/engine/src/zero/shard_tensors.h"
+#include "ddp/engine/src/zero/who.h"
 
 namespace ddp::detail {
 

@@ -25,7 +25,7 @@
 #include <ddp/comm_hooks.h>
 #include <ddp/process_group.h>
 
-#include "zero/shard_tensors.h"
+#include "ddp/engine/src/zero/shard_tensors.h"
 
 namespace ddp::detail {
 

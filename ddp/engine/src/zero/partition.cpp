@@ -2,7 +2,7 @@
 // after group (with the load counted across groups) keeps every earlier group's owners when a
 // group is added: add_param_group moves no state. Then the Partition that records the owners, and
 // the overlap's cut of DDP's buckets.
-#include "zero/partition.h"
+#include "ddp/engine/src/zero/partition.h"
 
 #include <algorithm>
 #include <cstdlib>

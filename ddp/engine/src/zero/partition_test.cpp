@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "zero/partition.h"
+#include "ddp/engine/src/zero/partition.h"
 
 namespace {
 

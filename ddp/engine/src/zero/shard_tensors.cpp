@@ -1,4 +1,4 @@
-#include "zero/shard_tensors.h"
+#include "ddp/engine/src/zero/shard_tensors.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>

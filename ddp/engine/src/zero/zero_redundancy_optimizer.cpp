@@ -14,15 +14,15 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 
-#include "backends.h"
-#include "debug_level.h"
-#include "desync.h"
-#include "error_text.h"
-#include "optimizer_state.h"
-#include "zero/overlap.h"
-#include "zero/partition.h"
-#include "zero/shard_tensors.h"
-#include "zero/who.h"
+#include "ddp/floor/src/backends.h"
+#include "ddp/internal/diagnostics/debug_level.h"
+#include "ddp/floor/src/desync.h"
+#include "ddp/internal/diagnostics/error_text.h"
+#include "ddp/internal/compat/optimizer_state.h"
+#include "ddp/engine/src/zero/overlap.h"
+#include "ddp/engine/src/zero/partition.h"
+#include "ddp/engine/src/zero/shard_tensors.h"
+#include "ddp/engine/src/zero/who.h"
 
 namespace ddp {
 

@@ -22,9 +22,9 @@
 #include <cstddef>
 #include <vector>
 
-#include "peers.h"
-#include "reduce_kernels.h"
-#include "spans.h"
+#include "ddp/floor/src/shm/peers.h"
+#include "ddp/floor/src/shm/reduce_kernels.h"
+#include "ddp/floor/src/shm/spans.h"
 
 namespace ddp::detail::shm::algorithm {
 

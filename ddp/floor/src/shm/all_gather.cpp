@@ -2,8 +2,8 @@
 // on its own - every rank publishes its piece, then copies every peer's piece out.
 #include <cstring>
 
-#include "algorithms.h"
-#include "steps.h"
+#include "ddp/floor/src/shm/algorithms.h"
+#include "ddp/floor/src/shm/steps.h"
 
 namespace ddp::detail::shm::algorithm {
 

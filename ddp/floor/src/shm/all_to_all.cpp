@@ -9,8 +9,8 @@
 #include <cstring>
 #include <string>
 
-#include "algorithms.h"
-#include "steps.h"
+#include "ddp/floor/src/shm/algorithms.h"
+#include "ddp/floor/src/shm/steps.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

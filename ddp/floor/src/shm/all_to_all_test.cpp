@@ -2,7 +2,7 @@
 // around the staging slots (64 KiB chunks here) and past 1 MiB at odd offsets, every byte compared with the piece its sender
 // wrote (a function of sender, receiver and position, computed here); pieces of sizes the
 // receivers do not expect, and a rank in another collective, named on every rank.
-#include "shm/test_support.h"
+#include "ddp/floor/src/shm/test_support.h"
 
 namespace {
 

@@ -2,8 +2,8 @@
 // its output, one round trip per chunk and no copy out. Each element is read W times instead of
 // about twice, which pays at two ranks (5 passes over the chunk per rank instead of 5.5) and for
 // tensors of a few KiB (the second round trip costs more than the extra reads).
-#include "algorithms.h"
-#include "steps.h"
+#include "ddp/floor/src/shm/algorithms.h"
+#include "ddp/floor/src/shm/steps.h"
 
 namespace ddp::detail::shm::algorithm {
 

@@ -7,9 +7,9 @@
 #include <string>
 #include <tuple>
 
-#include "communicator.h"
-#include "slices.h"
-#include "steps.h"
+#include "ddp/floor/src/shm/communicator.h"
+#include "ddp/floor/src/shm/slices.h"
+#include "ddp/floor/src/shm/steps.h"
 
 namespace ddp::detail::shm {
 namespace {

@@ -1,8 +1,8 @@
 // allreduce, each rank reducing its slice of every chunk (algorithms.h) and copying the others'
 // slices: each element read about twice, whatever the number of ranks.
-#include "algorithms.h"
-#include "slices.h"
-#include "steps.h"
+#include "ddp/floor/src/shm/algorithms.h"
+#include "ddp/floor/src/shm/slices.h"
+#include "ddp/floor/src/shm/steps.h"
 
 namespace ddp::detail::shm::algorithm {
 

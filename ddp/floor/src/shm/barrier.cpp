@@ -1,6 +1,6 @@
 // Barrier through the shared segments (algorithms.h): one post and one wait.
-#include "algorithms.h"
-#include "steps.h"
+#include "ddp/floor/src/shm/algorithms.h"
+#include "ddp/floor/src/shm/steps.h"
 
 namespace ddp::detail::shm::algorithm {
 

@@ -1,7 +1,7 @@
 // Broadcast through the shared segments (algorithms.h): the root stages each chunk in its buffer,
 // the others copy it out.
-#include "algorithms.h"
-#include "steps.h"
+#include "ddp/floor/src/shm/algorithms.h"
+#include "ddp/floor/src/shm/steps.h"
 
 namespace ddp::detail::shm::algorithm {
 

@@ -1,6 +1,6 @@
 // The shared-memory channel (channel.h): agreeing whether it serves a group, then c10d Works run
 // one after another on the channel's thread.
-#include "shm/channel.h"
+#include "ddp/floor/src/shm/channel.h"
 
 #ifdef _WIN32
 // No POSIX shared memory: every group runs on Gloo alone (CMakeLists.txt leaves the core out).
@@ -74,13 +74,13 @@ c10::intrusive_ptr<c10d::Work> Channel::shared_sum(std::shared_ptr<SharedArray>,
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 
-#include "error_text.h"
-#include "store_text.h"
-#include "shm/communicator.h"
-#include "shm/hierarchical.h"
-#include "shm/host_layout.h"
-#include "shm/mailbox.h"
-#include "shm/peers.h"
+#include "ddp/internal/diagnostics/error_text.h"
+#include "ddp/floor/src/store_text.h"
+#include "ddp/floor/src/shm/communicator.h"
+#include "ddp/floor/src/shm/hierarchical.h"
+#include "ddp/floor/src/shm/host_layout.h"
+#include "ddp/floor/src/shm/mailbox.h"
+#include "ddp/floor/src/shm/peers.h"
 
 namespace ddp::detail::shm {
 namespace {

@@ -1,15 +1,15 @@
 // The shared-memory collectives' entry points (communicator.h): each checks its arguments,
 // handles a group of one, and runs its algorithm (algorithms.h) in the group's context with the
 // collective's descriptor.
-#include "communicator.h"
+#include "ddp/floor/src/shm/communicator.h"
 
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
-#include "algorithms.h"
-#include "slices.h"
-#include "steps.h"
+#include "ddp/floor/src/shm/algorithms.h"
+#include "ddp/floor/src/shm/slices.h"
+#include "ddp/floor/src/shm/steps.h"
 
 namespace ddp::detail::shm {
 

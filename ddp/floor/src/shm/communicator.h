@@ -26,11 +26,11 @@
 #include <utility>
 #include <vector>
 
-#include "peers.h"
-#include "reduce_kernels.h"
-#include "segment.h"
-#include "shared_array.h"
-#include "spans.h"
+#include "ddp/floor/src/shm/peers.h"
+#include "ddp/floor/src/shm/reduce_kernels.h"
+#include "ddp/floor/src/shm/segment.h"
+#include "ddp/floor/src/shm/shared_array.h"
+#include "ddp/floor/src/shm/spans.h"
 
 namespace ddp::detail::shm {
 

@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "shm/communicator.h"
+#include "ddp/floor/src/shm/communicator.h"
 
 namespace shm = ddp::detail::shm;
 using Clock = std::chrono::steady_clock;

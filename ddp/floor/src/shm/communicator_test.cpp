@@ -31,10 +31,10 @@
 
 #include <gtest/gtest.h>
 
-#include "shm/communicator.h"
-#include "shm/reduce_kernels.h"
-#include "shm/segment.h"
-#include "shm/test_support.h"
+#include "ddp/floor/src/shm/communicator.h"
+#include "ddp/floor/src/shm/reduce_kernels.h"
+#include "ddp/floor/src/shm/segment.h"
+#include "ddp/floor/src/shm/test_support.h"
 
 namespace shm = ddp::detail::shm;
 using namespace std::chrono_literals;

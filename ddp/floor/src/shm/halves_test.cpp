@@ -11,8 +11,8 @@
 
 #include <gtest/gtest.h>
 
-#include "shm/communicator.h"
-#include "shm/test_support.h"
+#include "ddp/floor/src/shm/communicator.h"
+#include "ddp/floor/src/shm/test_support.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // The hierarchical allreduce (hierarchical.h): shared memory inside each host, Gloo across them.
 #ifndef _WIN32  // no POSIX shared memory: channel.cpp never makes one
 
-#include "shm/hierarchical.h"
+#include "ddp/floor/src/shm/hierarchical.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -16,9 +16,9 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
-#include "error_text.h"
-#include "store_text.h"
-#include "shm/reduce_kernels.h"
+#include "ddp/internal/diagnostics/error_text.h"
+#include "ddp/floor/src/store_text.h"
+#include "ddp/floor/src/shm/reduce_kernels.h"
 
 namespace ddp::detail::shm {
 namespace {

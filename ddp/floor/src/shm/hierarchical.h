@@ -41,8 +41,8 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
-#include "shm/communicator.h"
-#include "shm/host_layout.h"
+#include "ddp/floor/src/shm/communicator.h"
+#include "ddp/floor/src/shm/host_layout.h"
 
 namespace gloo::transport {
 class Device;

@@ -1,5 +1,5 @@
 // The hosts of a group from its ranks' host identities (host_layout.h).
-#include "shm/host_layout.h"
+#include "ddp/floor/src/shm/host_layout.h"
 
 #include <map>
 #include <stdexcept>

@@ -5,7 +5,7 @@
 
 #include <gtest/gtest.h>
 
-#include "shm/host_layout.h"
+#include "ddp/floor/src/shm/host_layout.h"
 
 namespace shm = ddp::detail::shm;
 using Ranks = std::vector<int>;

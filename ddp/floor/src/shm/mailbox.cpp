@@ -1,6 +1,6 @@
 // Point-to-point messages through shared memory (mailbox.h). Read top to bottom: the shared
 // layout, setup, the callers' side, the thread's loop (sends out, arrivals in), then failure.
-#include "mailbox.h"
+#include "ddp/floor/src/shm/mailbox.h"
 
 #include <sched.h>
 #include <sys/mman.h>
@@ -11,9 +11,9 @@
 #include <future>
 #include <new>
 
-#include "process.h"
-#include "reduce_kernels.h"
-#include "wait.h"
+#include "ddp/floor/src/shm/process.h"
+#include "ddp/floor/src/shm/reduce_kernels.h"
+#include "ddp/floor/src/shm/wait.h"
 
 namespace ddp::detail::shm {
 namespace {

@@ -62,8 +62,8 @@
 #include <thread>
 #include <vector>
 
-#include "communicator.h"
-#include "segment.h"
+#include "ddp/floor/src/shm/communicator.h"
+#include "ddp/floor/src/shm/segment.h"
 
 namespace ddp::detail::shm {
 

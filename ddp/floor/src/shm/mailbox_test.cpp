@@ -6,8 +6,8 @@
 #include <map>
 #include <mutex>
 
-#include "shm/mailbox.h"
-#include "shm/test_support.h"
+#include "ddp/floor/src/shm/mailbox.h"
+#include "ddp/floor/src/shm/test_support.h"
 
 namespace {
 

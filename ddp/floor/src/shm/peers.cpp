@@ -1,6 +1,6 @@
 // The shared-memory collectives' context (peers.h). Read top to bottom: the shared layout,
 // setup, the step machinery (post, wait, failure).
-#include "peers.h"
+#include "ddp/floor/src/shm/peers.h"
 
 #include <sched.h>
 #include <sys/mman.h>
@@ -12,9 +12,9 @@
 #include <sstream>
 #include <thread>
 
-#include "process.h"
-#include "steps.h"
-#include "wait.h"
+#include "ddp/floor/src/shm/process.h"
+#include "ddp/floor/src/shm/steps.h"
+#include "ddp/floor/src/shm/wait.h"
 
 namespace ddp::detail::shm {
 namespace {

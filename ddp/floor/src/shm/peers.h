@@ -42,7 +42,7 @@
 #include <string>
 #include <vector>
 
-#include "segment.h"
+#include "ddp/floor/src/shm/segment.h"
 
 namespace ddp::detail::shm {
 

@@ -1,5 +1,5 @@
 // A process's state, by pid, from /proc (process.h).
-#include "process.h"
+#include "ddp/floor/src/shm/process.h"
 
 #include <signal.h>
 #include <unistd.h>

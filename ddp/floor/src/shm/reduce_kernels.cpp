@@ -9,7 +9,7 @@
 // made since about 2013) use their conversion instructions and 8-wide vectors, chosen once at run
 // time; elsewhere the portable conversions of reduce_kernels.h run, with identical results.
 // copy_bytes() lives here too, for the same reason (explicit vectors, chosen at run time).
-#include "reduce_kernels.h"
+#include "ddp/floor/src/shm/reduce_kernels.h"
 
 #include <algorithm>
 #include <cstring>

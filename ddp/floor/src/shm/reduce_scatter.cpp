@@ -3,8 +3,8 @@
 // from every rank's contribution, in rank order. Each rank writes only the peers' pieces into
 // shared memory (its own is read where it is), and reads only its own piece back: about half the
 // memory traffic of an allreduce of the whole input.
-#include "algorithms.h"
-#include "steps.h"
+#include "ddp/floor/src/shm/algorithms.h"
+#include "ddp/floor/src/shm/steps.h"
 
 namespace ddp::detail::shm::algorithm {
 namespace {

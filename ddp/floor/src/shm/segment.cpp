@@ -1,5 +1,5 @@
 // One POSIX shared-memory object (segment.h): create or open, map, unlink, unmap.
-#include "segment.h"
+#include "ddp/floor/src/shm/segment.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "communicator.h"
+#include "ddp/floor/src/shm/communicator.h"
 
 namespace ddp::detail::shm {
 

@@ -7,8 +7,8 @@
 #include <utility>
 #include <vector>
 
-#include "reduce_kernels.h"
-#include "segment.h"
+#include "ddp/floor/src/shm/reduce_kernels.h"
+#include "ddp/floor/src/shm/segment.h"
 
 namespace ddp::detail::shm {
 

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "peers.h"
-#include "reduce_kernels.h"
+#include "ddp/floor/src/shm/peers.h"
+#include "ddp/floor/src/shm/reduce_kernels.h"
 
 namespace ddp::detail::shm {
 

@@ -26,8 +26,8 @@
 
 #include <gtest/gtest.h>
 
-#include "shm/communicator.h"
-#include "shm/reduce_kernels.h"
+#include "ddp/floor/src/shm/communicator.h"
+#include "ddp/floor/src/shm/reduce_kernels.h"
 
 namespace shm_test {
 

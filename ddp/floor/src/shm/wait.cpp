@@ -1,5 +1,5 @@
 // Spin, then futex-sleep, on a progress counter in shared memory (wait.h).
-#include "wait.h"
+#include "ddp/floor/src/shm/wait.h"
 
 #include <linux/futex.h>
 #include <sched.h>

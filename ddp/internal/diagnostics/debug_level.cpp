@@ -1,4 +1,4 @@
-#include "debug_level.h"
+#include "ddp/internal/diagnostics/debug_level.h"
 
 #include <cstdio>
 #include <cstdlib>

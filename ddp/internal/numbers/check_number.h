@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "error_text.h"
+#include "ddp/internal/diagnostics/error_text.h"
 
 namespace ddp::detail {
 
