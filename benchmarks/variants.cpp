@@ -176,6 +176,7 @@ Variant ours(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::Pro
   v.step = [=] {
     optimizer->zero_grad();
     torch::nn::functional::cross_entropy(wrapped->forward(batch.x), batch.y).backward();
+    ddp::TimelineSpan span("optimizer.step");  // TORCHDDP_TIMELINE: beside the hook's ZeRO spans
     optimizer->step();
   };
   v.collectives = [wrapped] { return static_cast<int64_t>(wrapped->reduction_stats().buckets.size()); };

@@ -1,6 +1,7 @@
 // hook_with_zero_step and hook_with_zero_step_interleaved (ddp/ddp_zero_hook.h): the comm hook that
 // runs ZeroRedundancyOptimizer's step bucket by bucket inside DDP's backward.
 #include <ddp/ddp_zero_hook.h>
+#include <ddp/logging.h>
 
 #include <memory>
 #include <stdexcept>
@@ -31,7 +32,10 @@ struct ZeroHookState {
 void step_and_broadcast(ZeroHookState& s, size_t b, const FuturePtr& future) {
   wait_for_future(future, s.timeout);
   if (future->hasError()) std::rethrow_exception(future->exception_ptr());
-  s.overlap->step(b, future_tensor(*future));  // this rank's piece(s) of it, if any
+  {
+    TimelineSpan span("ZeRO step, bucket " + std::to_string(b));  // a TORCHDDP_TIMELINE row: the hook thread's share
+    s.overlap->step(b, future_tensor(*future));  // this rank's piece(s) of it, if any
+  }
   s.overlap->broadcast(b);
 }
 
@@ -58,7 +62,10 @@ FuturePtr run(ZeroHookState& s, GradBucket& bucket) {
     s.averaged.clear();
   }
   // 4. Backward ends with every rank's parameters updated.
-  if (bucket.is_last()) overlap.finish_pass();
+  if (bucket.is_last()) {
+    TimelineSpan span("ZeRO broadcasts");
+    overlap.finish_pass();
+  }
   return future;
 }
 
