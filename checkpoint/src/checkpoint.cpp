@@ -682,6 +682,39 @@ void finish_save(const std::string& path, const std::string& failure, int rank, 
   if (!failure.empty()) throw CheckpointError("cannot save checkpoint " + path + ": " + failure);
 }
 
+std::string rank_file_path(const std::string& path, int64_t rank, int64_t world);
+
+// The rank files of the sharded checkpoint whose index is at `path` now, those that exist:
+// "<path>.rank-<r>-of-<W>" for r < W, its W. None when `path` is no sharded index, or one that
+// cannot be read (nothing is known to be its then): a save removes no file that is not its own.
+std::vector<std::string> rank_files_of_index(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::path file(path);
+  const fs::path dir = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  // Reading a full checkpoint to learn it is no index would cost its size: only when rank 0's file
+  // of some world size lies beside it.
+  const std::string first = file.filename().string() + kRankFileInfix + "0-of-";
+  bool beside = false;
+  for (const auto& entry : fs::directory_iterator(dir, error)) {
+    beside = beside || entry.path().filename().string().rfind(first, 0) == 0;
+  }
+  if (!beside) return {};
+  SavedRecord saved;
+  try {
+    read_training_record(read_checkpoint_file(path), path, saved);
+  } catch (const std::exception&) {
+    return {};
+  }
+  if (!saved.sharded_index) return {};
+  std::vector<std::string> files;
+  for (int64_t r = 0; r < saved.sharded_index->world; ++r) {
+    const std::string rank_file = rank_file_path(path, r, saved.sharded_index->world);
+    if (fs::is_regular_file(fs::symlink_status(rank_file, error))) files.push_back(rank_file);
+  }
+  return files;
+}
+
 // The collective save of any contents: every rank's RNG and states gathered, rank 0 writes.
 void save_contents(const std::string& path, const SavedContents& contents, const TrainingState& state,
                    const CheckpointOptions& options) {
@@ -699,7 +732,14 @@ void save_contents(const std::string& path, const SavedContents& contents, const
   if (rank == 0) {
     try {
       prepare_directory(path);
+      const std::vector<std::string> replaced = rank_files_of_index(path);
       write_checkpoint_file(path, contents, state, world_size, rng, state_names, states);
+      // A sharded checkpoint's files this one replaced, once it is on disk: a crash before leaves
+      // that checkpoint whole, one after leaves files nothing reads.
+      for (const std::string& file : replaced) {
+        std::error_code ignored;  // a file someone else removed first is fine
+        std::filesystem::remove(file, ignored);
+      }
       if (options.keep_last() > 0) keep_newest(path, options.prefix(), options.keep_last());
     } catch (const std::exception& error) {
       failure = error_line(error);
@@ -1013,8 +1053,46 @@ void save_sharded(const std::string& path, const torch::nn::Module& module, Shar
   finish_save(path, failure, rank, group);
 }
 
+// --- a sharded model's load: every rank reads first, then all agree before anything changes ----------
+
+// Collective over `group`: the failures every rank of it knows (`lines`, "" when none), in rank
+// order. One small all_reduce when no rank failed; then one broadcast per rank that did.
+std::string failures_across(const std::string& lines, const ProcessGroupPtr& group) {
+  if (!group) return lines;
+  std::vector<int64_t> failed(static_cast<size_t>(group->getSize()), 0);
+  failed[static_cast<size_t>(group->getRank())] = lines.empty() ? 0 : 1;
+  all_reduce(failed, c10d::ReduceOp::SUM, group);
+  std::string all;
+  for (size_t r = 0; r < failed.size(); ++r) {
+    if (failed[r] == 0) continue;
+    std::string text = lines;
+    broadcast_bytes(text, static_cast<int>(r), group);
+    all += text;
+  }
+  return all;
+}
+
+// Collective over every rank of the sharded model: when any rank could not read `what` of
+// checkpoint `path` (`failure`: this rank's error, "" when it read), every rank throws, naming
+// each such rank and its error, before any rank changed its model or optimizer. Otherwise the
+// ranks would wait in the load's collectives for the one that gave up, or load it without it.
+void require_every_rank_read(const ShardedState& sharded, const std::string& path, const std::string& what,
+                             const std::string& failure) {
+  std::string lines;
+  if (!failure.empty()) {
+    const ProcessGroupPtr world = resolve_group({});
+    lines = "\n  rank " + std::to_string(world ? world->getRank() : 0) + ": " + failure;
+  }
+  for (const ProcessGroupPtr& group : sharded.groups()) lines = failures_across(lines, group);
+  if (lines.empty()) return;
+  throw CheckpointError("checkpoint " + path + " was not loaded: not every rank could read " + what + ":" + lines +
+                        "\nNo rank's model or optimizer was changed. Every rank reads the checkpoint: put it where "
+                        "every rank sees it whole (a directory they share), or load another checkpoint");
+}
+
 // One rank's file of a sharded checkpoint, read and checked against the index.
 struct RankFile {
+  int64_t rank = 0;  // whose file, of the saving world
   std::string path;
   std::vector<char> zip;
   SavedRecord saved;
@@ -1023,6 +1101,7 @@ struct RankFile {
 
 void read_rank_file(const std::string& path, const ShardedIndex& index, int64_t rank, const LoadOptions& options,
                     RankFile& file) {
+  file.rank = rank;
   file.path = rank_file_path(path, rank, index.world);
   const std::string whose = "the file of rank " + std::to_string(rank) + " of the " + std::to_string(index.world) +
                             " that saved the sharded checkpoint " + path;
@@ -1052,13 +1131,54 @@ struct Needed {
   std::vector<at::Tensor> state_rows;   // the optimizer's state, tensor by tensor (undefined: not shard-shaped)
 };
 
+// The whole rows [from, to) of a parameter that rank r's file holds and this rank needs.
+std::pair<int64_t, int64_t> rows_from(const ShardedIndex& index, const Needed& need, int64_t r) {
+  const size_t k = static_cast<size_t>(r) * index.names.size() + need.saved;
+  const int64_t from = std::max(index.first_rows[k], need.shard->first_row);
+  const int64_t to = std::min(index.first_rows[k] + index.rows[k], need.shard->first_row + need.shard->rows);
+  return {from, std::max(from, to)};
+}
+
+// The files this rank needs, read and checked, in the order their rows are taken: its own first
+// (rank 0's for a rank the saving world did not have), then each other file that holds a row no
+// earlier one does. Changes nothing: a file that cannot be read fails here, before any rank loads.
+std::vector<std::unique_ptr<RankFile>> read_needed_files(const std::string& path, const ShardedIndex& index,
+                                                         int64_t rank, const std::vector<Needed>& needs,
+                                                         const LoadOptions& options) {
+  const int64_t home = rank < index.world ? rank : 0;
+  std::vector<int64_t> order{home};
+  for (int64_t r = 0; r < index.world; ++r) {
+    if (r != home) order.push_back(r);
+  }
+  std::vector<std::vector<bool>> covered;
+  for (const auto& need : needs) covered.emplace_back(static_cast<size_t>(need.shard->rows), false);
+  std::vector<std::unique_ptr<RankFile>> files;
+  for (const int64_t r : order) {
+    bool adds_rows = r == home;
+    for (size_t i = 0; i < needs.size(); ++i) {
+      const auto range = rows_from(index, needs[i], r);
+      for (int64_t row = range.first; row < range.second; ++row) {
+        const auto at = static_cast<size_t>(row - needs[i].shard->first_row);
+        adds_rows = adds_rows || !covered[i][at];
+        covered[i][at] = true;
+      }
+    }
+    if (!adds_rows) continue;
+    files.push_back(std::make_unique<RankFile>());
+    read_rank_file(path, index, r, options, *files.back());
+  }
+  return files;
+}
+
 std::unique_ptr<RankFile> assemble_shards(const std::string& path, const SavedRecord& index_record,
                                           torch::nn::Module& module, torch::optim::Optimizer* optimizer,
-                                          const LoadOptions& options, std::vector<Needed>& needs, bool same_layout);
+                                          const LoadOptions& options, std::vector<Needed>& needs, bool same_layout,
+                                          std::vector<std::unique_ptr<RankFile>> files);
 
-// Not collective: this rank's rows of every parameter and of their optimizer state from the files
-// that hold them (its own file alone when the world and layout are those it was saved at), its
-// RNG and states from its own file (rank 0's states for a rank the saving world did not have).
+// Collective over the model's ranks (whether every rank read its files; nothing else): this rank's
+// rows of every parameter and of their optimizer state from the files that hold them (its own file
+// alone when the world and layout are those it was saved at), its RNG and states from its own file
+// (rank 0's states for a rank the saving world did not have).
 TrainingState load_sharded(const std::string& path, const SavedRecord& index_record, torch::nn::Module& module,
                            ShardedState& sharded, torch::optim::Optimizer* optimizer, const LoadOptions& options) {
   const ShardedIndex& index = *index_record.sharded_index;
@@ -1090,6 +1210,14 @@ TrainingState load_sharded(const std::string& path, const SavedRecord& index_rec
   if (!wrong_shape.empty()) {
     throw CheckpointError("checkpoint " + path + " does not match the model:\n  shape mismatch: " + joined_names(wrong_shape));
   }
+  std::vector<std::unique_ptr<RankFile>> files;
+  std::string failure;
+  try {
+    files = read_needed_files(path, index, rank, needs, options);
+  } catch (const std::exception& error) {
+    failure = error_line(error);
+  }
+  require_every_rank_read(sharded, path, "the files it needs", failure);
   bool same_layout = rank < index.world;  // this rank's file holds exactly its rows
   for (const auto& need : needs) {
     const size_t k = static_cast<size_t>(rank * count) + need.saved;
@@ -1105,7 +1233,7 @@ TrainingState load_sharded(const std::string& path, const SavedRecord& index_rec
   }
   std::unique_ptr<RankFile> home_file;
   try {
-    home_file = assemble_shards(path, index_record, module, optimizer, options, needs, same_layout);
+    home_file = assemble_shards(path, index_record, module, optimizer, options, needs, same_layout, std::move(files));
   } catch (...) {
     if (!optimizer_before.empty()) {
       torch::serialize::InputArchive archive;
@@ -1118,34 +1246,17 @@ TrainingState load_sharded(const std::string& path, const SavedRecord& index_rec
   return index_record.state;
 }
 
-// load_sharded's reading: the files this rank needs, in order (its own first), their rows of the
-// parameters and of the optimizer's state into `needs`, then into the model and the optimizer.
-// Returns this rank's own file (rank 0's for a rank the saving world did not have), read.
+// load_sharded's assembly: the rows of the parameters and of the optimizer's state that `files`
+// (read_needed_files's, in its order) hold into `needs`, then into the model and the optimizer.
+// Returns this rank's own file (rank 0's for a rank the saving world did not have).
 std::unique_ptr<RankFile> assemble_shards(const std::string& path, const SavedRecord& index_record,
                                           torch::nn::Module& module, torch::optim::Optimizer* optimizer,
-                                          const LoadOptions& options, std::vector<Needed>& needs, bool same_layout) {
+                                          const LoadOptions& options, std::vector<Needed>& needs, bool same_layout,
+                                          std::vector<std::unique_ptr<RankFile>> files) {
   const ShardedIndex& index = *index_record.sharded_index;
-  const ProcessGroupPtr group = resolve_group(options.group());
-  const int64_t rank = group ? group->getRank() : 0;
   const auto count = static_cast<int64_t>(index.names.size());
-  const int64_t home = rank < index.world ? rank : 0;
   const ParameterNames name_of = parameter_names(one_model(module, optimizer));
-  // The whole rows [from, to) of a parameter that rank r's file holds and this rank needs.
-  auto overlap = [&](const Needed& need, int64_t r) {
-    const size_t k = static_cast<size_t>(r * count) + need.saved;
-    const int64_t from = std::max(index.first_rows[k], need.shard->first_row);
-    const int64_t to = std::min(index.first_rows[k] + index.rows[k], need.shard->first_row + need.shard->rows);
-    return std::make_pair(from, std::max(from, to));
-  };
-  auto adds_rows = [&](int64_t r) {
-    for (const auto& need : needs) {
-      const auto [from, to] = overlap(need, r);
-      for (int64_t row = from; row < to; ++row) {
-        if (!need.covered[static_cast<size_t>(row - need.shard->first_row)]) return true;
-      }
-    }
-    return false;
-  };
+  auto overlap = [&](const Needed& need, int64_t r) { return rows_from(index, need, r); };
   auto take_state_rows = [&](int64_t r) {
     auto& states = optimizer->state();
     for (auto& need : needs) {
@@ -1175,15 +1286,8 @@ std::unique_ptr<RankFile> assemble_shards(const std::string& path, const SavedRe
   };
 
   StateDict loaded;  // what goes into the model: the assembled shards, then the buffers
-  std::unique_ptr<RankFile> home_file;
-  std::vector<int64_t> order{home};
-  for (int64_t r = 0; r < index.world; ++r) {
-    if (r != home) order.push_back(r);
-  }
-  for (const int64_t r : order) {
-    if (r != home && !adds_rows(r)) continue;
-    auto file = std::make_unique<RankFile>();
-    read_rank_file(path, index, r, options, *file);
+  for (const auto& file : files) {
+    const int64_t r = file->rank;
     for (auto& need : needs) {
       const std::string& name = need.shard->name;
       const size_t k = static_cast<size_t>(r * count) + need.saved;
@@ -1210,8 +1314,8 @@ std::unique_ptr<RankFile> assemble_shards(const std::string& path, const SavedRe
                      name_of, /*check_fits=*/same_layout);
       if (!same_layout) take_state_rows(r);
     }
-    if (r == home) home_file = std::move(file);
   }
+  std::unique_ptr<RankFile> home_file = std::move(files.front());
   for (const auto& need : needs) {
     const auto missing = std::find(need.covered.begin(), need.covered.end(), false);
     if (missing != need.covered.end()) {
@@ -1333,10 +1437,18 @@ TrainingState load_model_checkpoint(const std::string& path, torch::nn::Module& 
                                     torch::optim::Optimizer* optimizer, const LoadOptions& options) {
   if (sharded == nullptr) return load_checkpoint(path, module, optimizer, options);
   check_names(state_names_of(options), "load_checkpoint");
-  // Which format decides whether the model is gathered: the file is read first.
-  const std::vector<char> zip = read_checkpoint_file(path);
+  // Which format decides whether the model is gathered: the file is read first, on every rank
+  // before any gathers (a rank that could not would leave the others waiting in the gather).
+  std::vector<char> zip;
   SavedRecord saved;
-  read_training_record(zip, path, saved);
+  std::string failure;
+  try {
+    zip = read_checkpoint_file(path);
+    read_training_record(zip, path, saved);
+  } catch (const std::exception& error) {
+    failure = error_line(error);
+  }
+  require_every_rank_read(*sharded, path, "it", failure);
   if (saved.sharded_index) return load_sharded(path, saved, module, *sharded, optimizer, options);
   WholeWhileAlive whole(sharded, optimizer);
   TrainingState loaded = load_contents(zip, path, one_model(module, optimizer), options);

@@ -4,12 +4,16 @@
 // every refusal names what was wrong.
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <chrono>
 #include <map>
+#include <optional>
 #include <type_traits>
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ddp/atomic_file.h>
 #include <ddp/ddp.h>
 
 #include "sequence_number.h"
@@ -423,8 +427,9 @@ TEST(FullyShard, AShardedCheckpointOfHybridShardingResumesOneDimensional) {
 }
 
 // Loading reads only the files it needs (at the saving world size: this rank's own), and each file
-// it cannot use is named: a missing one, another save's, a damaged one; a plain module is told
-// which format it met.
+// it cannot use is named on every rank, though only rank 1 needs it (no rank loads what another
+// could not): a missing one, another save's, a damaged one; a plain module is told which format it
+// met.
 DDP_WORKER(fsdp_sharded_refusals) {
   worker_init();
   const int rank = ddp::get_rank();
@@ -447,30 +452,22 @@ DDP_WORKER(fsdp_sharded_refusals) {
   if (rank == 1) std::filesystem::copy_file(second, path + ".earlier");
   ddp::barrier();
   ddp::save_checkpoint(path, model, &optimizer, ddp::TrainingState{0, 2}, sharded);
-  if (rank == 1) {
-    std::filesystem::rename(path + ".earlier", second);
-    require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(path, model, &optimizer); },
-                                         second + " is not the file of rank 1", "another save's rank file");
-  }
+  if (rank == 1) std::filesystem::rename(path + ".earlier", second);
   ddp::barrier();
+  require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(path, model, &optimizer); },
+                                       "rank 1: " + second + " is not the file of rank 1", "another save's rank file");
   ddp::save_checkpoint(path, model, &optimizer, ddp::TrainingState{0, 2}, sharded);
-  if (rank == 1) {
-    std::filesystem::resize_file(second, std::filesystem::file_size(second) - 10);
-    require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(path, model, &optimizer); }, second,
-                                         "a truncated rank file");
-  }
+  if (rank == 1) std::filesystem::resize_file(second, std::filesystem::file_size(second) - 10);
   ddp::barrier();
+  require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(path, model, &optimizer); }, second,
+                                       "a truncated rank file");
   ddp::save_checkpoint(path, model, &optimizer, ddp::TrainingState{0, 2}, sharded);
   ddp::barrier();
   if (rank == 1) std::filesystem::remove(second);
   ddp::barrier();
-  if (rank == 0) {
-    ddp::load_checkpoint(path, model, &optimizer);  // rank 0 reads its own file alone
-  } else {
-    require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(path, model, &optimizer); },
-                                         second + " is missing: it is the file of rank 1 of the 2",
-                                         "a missing rank file");
-  }
+  require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(path, model, &optimizer); },
+                                       "rank 1: " + second + " is missing: it is the file of rank 1 of the 2",
+                                       "a missing rank file");
   // keep_last prunes a sharded checkpoint's rank files with its index, and a resume finds the newest.
   const std::string dir = shared_dir() + "/kept";
   for (const int64_t step : {1, 2}) {
@@ -498,9 +495,9 @@ auto adam_state(torch::optim::Adam& optimizer) {
   return state;
 }
 
-// At W=3, the W=2 checkpoint whose rank 1 file is gone: rank 0's rows all lie in rank 0's file, so
-// it loads; rank 1 needs its missing home file; rank 2 reads rank 0's file (its optimizer state
-// too), then needs rank 1's. A load that fails leaves the optimizer as it was.
+// At W=3, the W=2 checkpoint whose rank 1 file is gone: rank 0's rows all lie in rank 0's file, but
+// it does not load what ranks 1 and 2 cannot; rank 1 needs its missing home file; rank 2 reads rank
+// 0's file, then needs rank 1's. A load that fails leaves the optimizer as it was on every rank.
 DDP_WORKER(fsdp_sharded_failed_load) {
   worker_init();
   const int rank = ddp::get_rank();
@@ -510,12 +507,18 @@ DDP_WORKER(fsdp_sharded_failed_load) {
   torch::optim::Adam optimizer(net->parameters(), 0.01);
   train_steps(model, optimizer, 0, 1);
   const auto before = adam_state(optimizer);
-  if (rank == 0) {
-    require(ddp::load_checkpoint(sharded_path(), model, &optimizer).world_size == 2, "rank 0 did not load");
-    return;
+  std::string message;
+  try {
+    ddp::load_checkpoint(sharded_path(), model, &optimizer);
+  } catch (const ddp::CheckpointError& error) {
+    message = error.what();
   }
-  require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(sharded_path(), model, &optimizer); },
-                                       sharded_path() + ".rank-1-of-2 is missing", "a missing rank file at W=3");
+  require(!message.empty(), "rank " + std::to_string(rank) + " loaded what ranks 1 and 2 could not");
+  for (const int failed : {1, 2}) {
+    require_mentions(message, "rank " + std::to_string(failed) + ": " + sharded_path() + ".rank-1-of-2 is missing",
+                     "a missing rank file at W=3, on rank " + std::to_string(rank));
+  }
+  require(message.find("rank 0: ") == std::string::npos, "the error blames rank 0, which read its files");
   const auto after = adam_state(optimizer);
   require(after.size() == before.size(), "the failed load changed which parameters have optimizer state");
   for (const auto& [key, tensors] : before) {
@@ -534,6 +537,152 @@ TEST(FullyShard, AShardedCheckpointNamesTheFileItCannotUse) {
   options.env["SAVED_AT"] = "2";
   EXPECT_WORKERS_OK(run_workers("fsdp_sharded_refusals", 2, options));
   EXPECT_WORKERS_OK(run_workers("fsdp_sharded_failed_load", 3, options));
+  remove_tree(options.shared_dir);
+}
+
+// This rank's shards and Adam's state of them, copied: what a failed load must leave as it was.
+struct LocalState {
+  std::vector<torch::Tensor> shards;
+  std::map<std::decay_t<decltype(std::declval<torch::optim::Adam&>().state().begin()->first)>, std::vector<torch::Tensor>>
+      optimizer;
+};
+LocalState local_state(ShardNet& net, torch::optim::Adam& optimizer) {
+  LocalState state{{}, adam_state(optimizer)};
+  for (const auto& param : net->parameters()) state.shards.push_back(param.detach().clone());
+  return state;
+}
+void require_unchanged(const LocalState& before, const LocalState& after, const std::string& what) {
+  require(after.shards.size() == before.shards.size(), what + " changed the number of parameters");
+  for (size_t i = 0; i < before.shards.size(); ++i) {
+    require(after.shards[i].sizes() == before.shards[i].sizes() && torch::equal(after.shards[i], before.shards[i]),
+            what + " changed parameter " + std::to_string(i) + " of this rank's shards");
+  }
+  require(after.optimizer.size() == before.optimizer.size(), what + " changed which parameters have optimizer state");
+  for (const auto& [key, tensors] : before.optimizer) {
+    const auto found = after.optimizer.find(key);
+    require(found != after.optimizer.end(), what + " dropped a parameter's optimizer state");
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      require(found->second[i].sizes() == tensors[i].sizes() && torch::equal(found->second[i], tensors[i]),
+              what + " changed the optimizer's state");
+    }
+  }
+}
+
+// A full checkpoint that the last rank cannot read (its path names a missing file, then a damaged
+// copy: what a rank sees whose disk lacks the file or holds a torn one), the others can: every rank
+// throws within seconds, naming that rank and its error, where the others used to wait in the
+// load's gather for it; no rank's shards or optimizer state changed; the group stays usable, and a
+// load every rank can read then gives every rank the file's model. HYBRID=1: a 2 x 2 mesh, where
+// the ranks of the other shard group hear of the failure across the replicate group.
+DDP_WORKER(fsdp_unreadable_full_load) {
+  worker_init();
+  const int rank = ddp::get_rank(), last = ddp::get_world_size() - 1;
+  const bool hybrid = std::getenv("HYBRID") != nullptr;
+  torch::manual_seed(21);
+  ShardNet net(7);
+  std::optional<ddp::FSDPModule<ShardNetImpl>> sharded;
+  if (hybrid) {
+    const auto options = ddp::FSDPOptions().mesh(ddp::init_device_mesh({2, 2}, {"replicate", "shard"}));
+    for (auto& block : net->blocks) ddp::fully_shard(block, options);
+    sharded.emplace(ddp::fully_shard(net, options));
+  } else {
+    sharded.emplace(shard_net(net));
+  }
+  auto& model = *sharded;
+  torch::optim::Adam optimizer(net->parameters(), 0.01);
+  const std::string good = shared_dir() + "/readable.pt", damaged = shared_dir() + "/damaged.pt";
+  train_steps(model, optimizer, 0, 3);
+  ddp::save_checkpoint(good, model, &optimizer, ddp::TrainingState{0, 3});
+  if (rank == 0) {
+    std::filesystem::copy_file(good, damaged);
+    std::filesystem::resize_file(damaged, std::filesystem::file_size(damaged) - 10);
+  }
+  train_steps(model, optimizer, 3, 5);  // the model now differs from the file: a load would change it
+  ddp::barrier();
+  const LocalState before = local_state(net, optimizer);
+  for (const std::string& unreadable : {shared_dir() + "/absent.pt", damaged}) {
+    const std::string mine = rank == last ? unreadable : good;
+    const auto start = std::chrono::steady_clock::now();
+    std::string message;
+    try {
+      ddp::load_checkpoint(mine, model, &optimizer);
+    } catch (const ddp::CheckpointError& error) {
+      message = error.what();
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    require(!message.empty(), "rank " + std::to_string(rank) + " loaded " + mine + " though rank " +
+                                  std::to_string(last) + " could not read " + unreadable);
+    require(seconds < 10, "the failed load took " + std::to_string(seconds) + " s");
+    require_mentions(message, "rank " + std::to_string(last) + ": ", "the error of a load rank " + std::to_string(last) +
+                                                                         " could not read");
+    require_mentions(message, unreadable, "the error of a load rank " + std::to_string(last) + " could not read");
+    require_mentions(message, "No rank's model or optimizer was changed", "the error of a failed load");
+    require(message.find("rank 0: ") == std::string::npos || last == 0, "the error blames rank 0, which read the file");
+    require_unchanged(before, local_state(net, optimizer), "a load rank " + std::to_string(last) + " could not read");
+  }
+  ddp::load_checkpoint(good, model, &optimizer);
+  ShardNet plain(7);
+  ddp::load_checkpoint(good, plain, nullptr);
+  require(max_difference(model.full_state_dict(), *plain) == 0, "after the failed loads, a sound load differs from the file");
+}
+TEST(FullyShard, AFullCheckpointOneRankCannotReadFailsOnEveryRankAndChangesNothing) {
+  for (const bool hybrid : {false, true}) {
+    RunOptions options;
+    options.shared_dir = make_temp_dir("fsdp-unreadable");
+    if (hybrid) options.env["HYBRID"] = "1";
+    EXPECT_WORKERS_OK(run_workers("fsdp_unreadable_full_load", hybrid ? 4 : 2, options));
+    remove_tree(options.shared_dir);
+  }
+}
+
+// A full save into the path of a sharded checkpoint (W=2) removes that checkpoint's two rank files,
+// and only once the full file is in place: a save that fails leaves the sharded checkpoint whole.
+// Files it does not own stay: another world size's rank file, a rank past the index's world, a
+// name that merely begins the same, another checkpoint's rank file.
+DDP_WORKER(fsdp_full_save_over_sharded) {
+  worker_init();
+  const int rank = ddp::get_rank();
+  torch::manual_seed(21);
+  ShardNet net(7);
+  auto model = shard_net(net);
+  torch::optim::Adam optimizer(net->parameters(), 0.01);
+  train_steps(model, optimizer, 0, 2);
+  const std::string path = shared_dir() + "/over.pt", other = shared_dir() + "/other.pt";
+  const std::vector<std::string> owned = {path + ".rank-0-of-2", path + ".rank-1-of-2"};
+  for (const std::string& sharded_at : {other, path}) {
+    ddp::save_checkpoint(sharded_at, model, &optimizer, ddp::TrainingState{0, 2},
+                         ddp::CheckpointOptions().full_state_dict(false));
+  }
+  const std::vector<std::string> bystanders = {path + ".rank-0-of-3", path + ".rank-2-of-2", path + ".rank-notes",
+                                               other + ".rank-0-of-2"};
+  // Rank 0's temporary file cannot be made (a directory holds its name): its write fails.
+  const std::string blocked = ddp::temporary_path_for(path);
+  if (rank == 0) {
+    for (const std::string& file : {path + ".rank-0-of-3", path + ".rank-2-of-2", path + ".rank-notes"}) {
+      std::ofstream(file) << "not the index's";
+    }
+    std::filesystem::create_directories(blocked + "/inside");
+  }
+  ddp::barrier();
+  require_throws<ddp::CheckpointError>([&] { ddp::save_checkpoint(path, model, &optimizer, ddp::TrainingState{0, 3}); },
+                                       "save checkpoint " + path, "a full save whose write failed");
+  for (const std::string& file : owned) require(std::filesystem::exists(file), "a failed full save removed " + file);
+  require(ddp::load_checkpoint(path, model, &optimizer).global_step == 2,
+          "the sharded checkpoint did not survive a failed full save into its path");
+  if (rank == 0) std::filesystem::remove_all(blocked);
+  ddp::barrier();
+  train_steps(model, optimizer, 2, 3);
+  ddp::save_checkpoint(path, model, &optimizer, ddp::TrainingState{0, 3});
+  for (const std::string& file : owned) require(!std::filesystem::exists(file), "the full save left " + file);
+  for (const std::string& file : bystanders) require(std::filesystem::exists(file), "the full save removed " + file);
+  ShardNet plain(7);
+  require(ddp::load_checkpoint(path, plain, nullptr).global_step == 3, "the full checkpoint does not load");
+  require(max_difference(model.full_state_dict(), *plain) == 0, "the full checkpoint is not the model");
+}
+TEST(FullyShard, AFullSaveOverAShardedCheckpointRemovesItsRankFilesAlone) {
+  RunOptions options;
+  options.shared_dir = make_temp_dir("fsdp-full-over-sharded");
+  EXPECT_WORKERS_OK(run_workers("fsdp_full_save_over_sharded", 2, options));
   remove_tree(options.shared_dir);
 }
 

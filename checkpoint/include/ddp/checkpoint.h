@@ -25,7 +25,9 @@
 // (gathered on every rank first, shards of the optimizer's state too), and loaded into the shards
 // of any world size; save and load are then collective on every rank of its group. With
 // CheckpointOptions().full_state_dict(false) it is saved sharded instead, nothing gathered: one
-// file per rank beside `path`, loaded by the same load_checkpoint call at any world size.
+// file per rank beside `path`, loaded by the same load_checkpoint call at any world size. Either
+// load first learns whether every rank of the model read what it needs: if one could not, every
+// rank throws, naming it and why, and no rank's model or optimizer has changed.
 //
 // One file: a PyTorch zip archive whose root object is the model's plain state_dict (Python:
 // torch.load(path) returns it, tensors on CPU), or for named models {name: state_dict} (Python:
@@ -86,7 +88,8 @@ struct CheckpointOptions {
   // itself, written by rank 0 once every rank's file is complete, the index a load needs (each
   // parameter's full shape, the rows each file holds). load_checkpoint tells the two apart; a
   // sharded checkpoint loads into the fully_shard model at any world size. Ignored for a model
-  // that is not sharded (its one file is the same either way).
+  // that is not sharded (its one file is the same either way). A full save into the path of a
+  // sharded checkpoint removes that checkpoint's rank files, once the full file is on disk.
   TORCH_ARG(bool, full_state_dict) = true;
 
  public:

@@ -245,6 +245,15 @@ class WholeModel final : public ShardedState {
     }
     return shards;
   }
+  std::vector<ProcessGroupPtr> groups() const override {
+    std::vector<ProcessGroupPtr> groups;
+    if (auto root = root_.lock()) {
+      const ShardGroups& mine = root->groups();
+      groups.push_back(mine.shard);
+      if (mine.replicate) groups.push_back(mine.replicate);
+    }
+    return groups;
+  }
 
  private:
   std::vector<std::shared_ptr<ShardedUnit>> units() const {

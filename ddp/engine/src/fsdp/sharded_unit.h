@@ -75,6 +75,7 @@ class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
   std::shared_ptr<torch::nn::Module> module() const { return module_.lock(); }
   const std::vector<std::string>& names() const { return names_; }
   const FSDPOptions& options() const { return options_; }
+  const ShardGroups& groups() const { return groups_; }
   std::shared_ptr<ShardTree> tree() const { return tree_; }
   int64_t shard_bytes() const { return flat_shard_.nbytes(); }
   int64_t shard_grad_bytes() const;

@@ -14,6 +14,8 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <ddp/process_group.h>
+
 namespace ddp {
 
 // One parameter as this rank holds it: rows [first_row, first_row + rows) of dim 0 of the whole
@@ -38,6 +40,10 @@ class ShardedState {
   // Local: every sharded parameter's shard on this rank, in the model's parameter order (the
   // model's full parameters, if unsharded, are freed first: the parameters are the shards then).
   virtual std::vector<LocalShard> local_shards() = 0;
+  // The groups whose ranks hold the model: the one it is sharded over, then (HSDP) the one its
+  // shards are copied across. A collective over each in turn reaches every rank of the model, as a
+  // load must before it changes anything (every rank read the checkpoint, or none loads it).
+  virtual std::vector<ProcessGroupPtr> groups() const = 0;
 };
 
 }  // namespace ddp
