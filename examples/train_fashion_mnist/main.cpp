@@ -65,6 +65,7 @@ struct Options {
   int64_t powersgd_start_iter = 10;
   bool zero = false;  // Adam's state sharded over the ranks (ZeroRedundancyOptimizer)
   bool fsdp = false;  // parameters, gradients and Adam's state sharded (ddp::fully_shard)
+  bool sharded_checkpoint = false;  // with --fsdp: each rank saves its own shards, nothing gathered
   bool allow_nonfinite = false;  // keep training when the loss is NaN or infinite
   std::string device = "cpu";    // cpu, cuda (this rank's GPU: LOCAL_RANK modulo the GPUs) or cuda:N
 };
@@ -376,8 +377,9 @@ int train_and_test(const Options& options, Model& model, Net& net, torch::optim:
       const ddp::TrainingState state{epoch + 1, /*global_step*/ 0, ddp::SamplerState{epoch + 1, 0},
                                      {{"run_id", run_identity(options)}}};
       if (zero) zero->consolidate_state_dict(0);  // every rank: rank 0 writes the whole state
+      // --sharded-checkpoint: every rank its own file beside the index; the resume above reads either kind.
       ddp::save_checkpoint(ddp::checkpoint_path(options.checkpoint_dir, epoch + 1), model, optimizer, state,
-                           ddp::CheckpointOptions().keep_last(2));
+                           ddp::CheckpointOptions().keep_last(2).full_state_dict(!options.sharded_checkpoint));
     }
 #endif
   }
@@ -440,6 +442,9 @@ int main(int argc, char** argv) {
   app.add_flag("--fsdp", options.fsdp,
                "fully sharded data parallel (ddp::fully_shard): parameters, gradients and Adam's state 1/world per "
                "rank, the same training as DDP's");
+  app.add_flag("--sharded-checkpoint", options.sharded_checkpoint,
+               "with --fsdp and --checkpoint-dir: save each checkpoint sharded, every rank its own rows in its own "
+               "file beside the index, nothing gathered (resumable at another world size)");
   app.add_flag("--zero", options.zero,
                "shard Adam's state over the ranks (ZeroRedundancyOptimizer, ZeRO stage 1): the same updates, about "
                "1/world of the optimizer memory per rank");
@@ -447,6 +452,12 @@ int main(int argc, char** argv) {
   if (options.fsdp && (options.zero || options.comm_hook != "none")) {
     std::fprintf(stderr, "train_fashion_mnist: --fsdp shards Adam's state and reduces gradients itself; it does not "
                          "combine with --zero or --comm-hook\n");
+    return 2;
+  }
+  if (options.sharded_checkpoint && (!options.fsdp || options.checkpoint_dir.empty())) {
+    std::fprintf(stderr, "train_fashion_mnist: --sharded-checkpoint saves the shards of --fsdp into --checkpoint-dir; "
+                         "give it with both (without --fsdp the model is whole on every rank: its checkpoint is one "
+                         "file)\n");
     return 2;
   }
   try {

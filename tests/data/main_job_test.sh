@@ -39,6 +39,10 @@
 #   main_job_test.sh fsdp DDPRUN TRAIN      --fsdp (ddp::fully_shard): 2 epochs at 2 ranks, the second
 #                                           resumed from the first's checkpoint, print DDP's figures
 #                                           straight (at 2 ranks the same sums: halving is exact)
+#   main_job_test.sh fsdp_sharded DDPRUN TRAIN
+#                                           the same with --sharded-checkpoint: each epoch's checkpoint
+#                                           is an index and one file per rank, and the resume reads it;
+#                                           without --fsdp the flag exits 2
 #   main_job_test.sh identity DDPRUN TRAIN  a checkpoint names the run that wrote it: another run
 #                                           resumes it only with --resume-from-other-run; a restart
 #                                           by ddprun --max-restarts (same run id) resumes
@@ -311,7 +315,7 @@ case $mode in
     [ -f "$dir/checkpoint-00000002.pt" ] || fail "no checkpoint-00000002.pt after epoch 2: $(ls "$dir")"
     ;;
 
-  zero|fsdp)
+  zero|fsdp|fsdp_sharded)
     ddprun=$1 train=$2
     dir=$(mktemp -d)
     trap 'rm -rf "$dir"' EXIT
@@ -320,9 +324,20 @@ case $mode in
     # same two numbers, and halving is exact).
     if [ "$mode" = zero ]; then
       flag=--zero named="optimizer Adam (ZeRO: state sharded over the ranks)"
-    else
+    elif [ "$mode" = fsdp ]; then
       flag=--fsdp named="optimizer Adam (fully sharded: ddp::fully_shard)"
+    else
+      flag="--fsdp --sharded-checkpoint" named="optimizer Adam (fully sharded: ddp::fully_shard)"
     fi
+    # A sharded checkpoint: its index and each rank's file.
+    sharded_at() {
+      for file in "$1" "$1.rank-0-of-2" "$1.rank-1-of-2"; do
+        [ -f "$file" ] || fail "$flag: no $file: $(ls "$dir")"
+      done
+      local whole
+      whole=$("$train" --epochs 1 --limit-train 64 --checkpoint-dir "$dir" 2>&1)
+      grep -q "$1 is sharded" <<<"$whole" || fail "$flag: a run without --fsdp did not refuse $1 as sharded: $whole"
+    }
     # The figures of each epoch without the throughput (it differs run to run) and the epoch count.
     figures() {
       grep -Eo 'epoch [0-9]/[0-9]: train loss [0-9.]+ acc [0-9.]+% \| test loss [0-9.]+ acc [0-9.]+% \(10000 samples\)' <<<"$1" |
@@ -335,10 +350,17 @@ case $mode in
     out=$(run2 --epochs 1 $flag --checkpoint-dir "$dir" --run-id $mode-test) || fail "$flag, epoch 1: exit code $?"
     grep -q "$named" <<<"$out" || fail "$flag not named on the first line"
     first=$(figures "$out")
+    [ "$mode" = fsdp_sharded ] && sharded_at "$dir/checkpoint-00000001.pt"
     out=$(run2 --epochs 2 $flag --checkpoint-dir "$dir" --run-id $mode-test) || fail "$flag, epoch 2: exit code $?"
     grep -q "resumed from $dir/checkpoint-00000001.pt at epoch 2" <<<"$out" || fail "$flag did not resume its checkpoint"
     resumed=$(printf '%s\n%s' "$first" "$(figures "$out")")
     [ "$resumed" = "$plain" ] || fail "$flag's figures differ from plain Adam's: $resumed vs $plain"
+    if [ "$mode" = fsdp_sharded ]; then
+      sharded_at "$dir/checkpoint-00000002.pt"
+      out=$("$train" --sharded-checkpoint --checkpoint-dir "$dir" 2>&1); code=$?
+      [ $code = 2 ] && grep -q -- "--sharded-checkpoint saves the shards of --fsdp" <<<"$out" ||
+        fail "--sharded-checkpoint without --fsdp: exit $code, $out"
+    fi
     if [ "$mode" = fsdp ]; then
       out=$("$train" --fsdp --zero 2>&1); code=$?
       [ $code = 2 ] && grep -q "does not combine with --zero" <<<"$out" || fail "--fsdp --zero: exit $code, $out"
