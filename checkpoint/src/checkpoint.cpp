@@ -40,6 +40,16 @@ constexpr int64_t kFormatVersion = 1;
 // refuse them by their version rather than load an empty model.
 constexpr int64_t kShardedFormatVersion = 2;
 
+// Whether the file `name` is a rank file of the checkpoint named `checkpoint` (file names both):
+// "<checkpoint>.rank-<r>-of-<W>" exactly. What a save or a pruning removes; nothing else that
+// begins alike ("<checkpoint>.rank-notes" is not ours).
+bool is_rank_file_of(const std::string& name, const std::string& checkpoint) {
+  const std::string head = checkpoint + kRankFileInfix;
+  if (name.rfind(head, 0) != 0) return false;
+  static const std::regex numbers("[0-9]+-of-[0-9]+");
+  return std::regex_match(name.begin() + static_cast<std::ptrdiff_t>(head.size()), name.end(), numbers);
+}
+
 ProcessGroupPtr resolve_group(const ProcessGroupPtr& group) {
   if (group) return group;
   return is_initialized() ? default_group() : ProcessGroupPtr();
@@ -653,9 +663,9 @@ void keep_newest(const std::string& path, const std::string& prefix, int keep) {
     std::error_code ignored;  // a file someone else removed first is fine
     std::filesystem::remove(found[i].second, ignored);
     // A sharded checkpoint's rank files go with it.
-    const std::string rank_files = std::filesystem::path(found[i].second).filename().string() + kRankFileInfix;
+    const std::string checkpoint = std::filesystem::path(found[i].second).filename().string();
     for (const auto& entry : std::filesystem::directory_iterator(dir, ignored)) {
-      if (entry.path().filename().string().rfind(rank_files, 0) == 0) std::filesystem::remove(entry.path(), ignored);
+      if (is_rank_file_of(entry.path().filename().string(), checkpoint)) std::filesystem::remove(entry.path(), ignored);
     }
   }
 }
@@ -1035,13 +1045,13 @@ void save_sharded(const std::string& path, const torch::nn::Module& module, Shar
       write_file_atomically(path, zip.data(), zip.size());
       // Rank files of an earlier save into `path` at another world size.
       const std::filesystem::path file(path);
-      const std::string mine = file.filename().string() + kRankFileInfix, current = "-of-" + std::to_string(world);
+      const std::string mine = file.filename().string(), current = "-of-" + std::to_string(world);
       std::error_code ignored;
       const std::filesystem::path dir = file.parent_path().empty() ? std::filesystem::path(".") : file.parent_path();
       for (const auto& entry : std::filesystem::directory_iterator(dir, ignored)) {
         const std::string name = entry.path().filename().string();
-        if (name.rfind(mine, 0) == 0 && (name.size() < current.size() ||
-                                         name.compare(name.size() - current.size(), current.size(), current) != 0)) {
+        if (is_rank_file_of(name, mine) && (name.size() < current.size() ||
+                                            name.compare(name.size() - current.size(), current.size(), current) != 0)) {
           std::filesystem::remove(entry.path(), ignored);
         }
       }

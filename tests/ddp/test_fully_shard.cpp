@@ -469,14 +469,23 @@ DDP_WORKER(fsdp_sharded_refusals) {
                                        "rank 1: " + second + " is missing: it is the file of rank 1 of the 2",
                                        "a missing rank file");
   // keep_last prunes a sharded checkpoint's rank files with its index, and a resume finds the newest.
+  // Files whose names merely begin like a rank file's are not the checkpoint's: they stay.
   const std::string dir = shared_dir() + "/kept";
+  const std::string older = ddp::checkpoint_path(dir, 1), newer = ddp::checkpoint_path(dir, 2);
   for (const int64_t step : {1, 2}) {
+    if (step == 2 && rank == 0) {
+      for (const std::string& notes : {older + ".rank-notes", newer + ".rank-notes", newer + ".rank-1-of-2.txt"}) {
+        std::ofstream(notes) << "not a rank file";
+      }
+    }
     ddp::save_checkpoint(ddp::checkpoint_path(dir, step), model, &optimizer, ddp::TrainingState{0, step},
                          ddp::CheckpointOptions().full_state_dict(false).keep_last(1));
   }
-  const std::string older = ddp::checkpoint_path(dir, 1), newer = ddp::checkpoint_path(dir, 2);
   for (const std::string& gone : {older, older + ".rank-0-of-2", older + ".rank-1-of-2"}) {
     require(!std::filesystem::exists(gone), gone + " was kept by keep_last(1)");
+  }
+  for (const std::string& notes : {older + ".rank-notes", newer + ".rank-notes", newer + ".rank-1-of-2.txt"}) {
+    require(std::filesystem::exists(notes), "a sharded save with keep_last(1) removed " + notes);
   }
   require(std::filesystem::exists(newer + ".rank-1-of-2"), "keep_last(1) removed the newest checkpoint's rank file");
   const auto restored = ddp::load_checkpoint_if_exists(dir, model, &optimizer);
