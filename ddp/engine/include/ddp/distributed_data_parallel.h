@@ -59,19 +59,28 @@ void collect_tensors(const std::unordered_map<K, V>& items, std::vector<at::Tens
   for (const auto& item : items) collect_tensors(item.second, out);
 }
 
-// Moves tensors (alone or in a vector) to `device`; everything else passes through untouched.
-template <typename T>
-decltype(auto) to_device(T&& value, const c10::optional<c10::Device>& device) {
+// A forward() argument with `change` (at::Tensor -> at::Tensor) applied to its tensors (alone or in
+// a vector); everything else passes through untouched. DDP moves arguments to the module's device
+// with it, fully_shard casts them to its compute dtype.
+template <typename T, typename Change>
+decltype(auto) map_tensors(T&& value, const Change& change) {
   using Plain = std::decay_t<T>;
   if constexpr (std::is_same_v<Plain, at::Tensor>) {
-    return device ? value.to(*device) : at::Tensor(value);
+    return at::Tensor(change(value));
   } else if constexpr (std::is_same_v<Plain, std::vector<at::Tensor>>) {
-    Plain moved;
-    for (const auto& tensor : value) moved.push_back(device ? tensor.to(*device) : tensor);
-    return moved;
+    Plain changed;
+    for (const auto& tensor : value) changed.push_back(change(tensor));
+    return changed;
   } else {
     return std::forward<T>(value);
   }
+}
+
+// Tensors in a forward() argument moved to `device` (none: as they are).
+template <typename T>
+decltype(auto) to_device(T&& value, const c10::optional<c10::Device>& device) {
+  return map_tensors(std::forward<T>(value),
+                     [&](const at::Tensor& tensor) { return device ? tensor.to(*device) : tensor; });
 }
 
 }  // namespace detail

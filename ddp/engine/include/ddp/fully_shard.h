@@ -121,18 +121,11 @@ auto& sharded_module_of(M& module) {
   }
 }
 
+// Tensors in a forward() argument cast as the unit's mixed precision policy says (no unit: as they are).
 template <typename T>
 decltype(auto) cast_input(const ShardedUnit* unit, T&& value) {
-  using Plain = std::decay_t<T>;
-  if constexpr (std::is_same_v<Plain, at::Tensor>) {
-    return unit ? cast_forward_input(*unit, value) : at::Tensor(value);
-  } else if constexpr (std::is_same_v<Plain, std::vector<at::Tensor>>) {
-    Plain cast;
-    for (const auto& tensor : value) cast.push_back(unit ? cast_forward_input(*unit, tensor) : tensor);
-    return cast;
-  } else {
-    return std::forward<T>(value);
-  }
+  return map_tensors(std::forward<T>(value),
+                     [unit](const at::Tensor& tensor) { return unit ? cast_forward_input(*unit, tensor) : tensor; });
 }
 
 }  // namespace detail
