@@ -19,9 +19,21 @@
 //                                       mapping of /dev/shm (its buckets in shared memory, the
 //                                       slots adopted as gradients) or not (/proc/self/maps)
 //     ddp_grads_flat=match|differ       ... and against DDP's on the Gloo-alone group
-//   host_rank forever [ddp]  all-reduces 8.4M floats over the world (ddp: trains DDP, 1.3M
-//                        parameters) until a collective fails (after writing "rank=R ready" once),
-//                        then prints "rank=R error=<message>"
+//   host_rank halves     reduce_scatter_tensor and all_gather_into_tensor over the world, every
+//                        dtype and reduction they take, sizes within one slice crossing the hosts
+//                        and past it, in place too, each against the result computed here from
+//                        every rank's known input; prints one line per wrong result
+//                        ("rank=R wrong=...") and then:
+//     halves_checked=N halves_wrong=K   how many results were checked, and how many were wrong
+//     halves_link rs_world=B rs_flat=B ag_world=B ag_flat=B input=B
+//                                       bytes this host's link sent during one reduce-scatter of an
+//                                       8 MiB input per rank and one all-gather into an 8 MiB
+//                                       output, over the world and over a Gloo-alone group
+//   host_rank forever [ddp|halves|desync]  all-reduces 8.4M floats over the world (ddp: trains
+//                        DDP, 1.3M parameters; halves: reduce-scatters them and all-gathers the
+//                        pieces back; desync: after one all-reduce, the first host's ranks
+//                        reduce-scatter while the others all-gather) until a collective fails
+//                        (after writing "rank=R ready" once), then prints "rank=R error=<message>"
 // Exit 0 when every step ran (the test judges the values), 1 with the error otherwise.
 #include <unistd.h>
 
@@ -33,6 +45,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -203,19 +216,169 @@ int check() {
   return 0;
 }
 
-int forever(bool train) {
+// --- halves: the reduce-scatter and all-gather over the world -----------------------------------
+
+// Rank q's element i of its input: small integers, so that every sum, product and average of four
+// is exact in every dtype; non-negative for uint8.
+torch::Tensor known_input(int q, int64_t first, int64_t count, torch::ScalarType dtype) {
+  auto i = torch::arange(first, first + count, torch::kLong);
+  auto value = (i * 3 + q * 5 + torch::div(i, 7, "floor")) % 7;
+  if (dtype != torch::kByte) value = value - 3;
+  return value.to(dtype);
+}
+
+// The reduction of elements [first, first + count) of every rank's input, computed here (in float64
+// or int64, then cast as the collective's dtype casts: exact for these inputs, uint8 wrapping).
+torch::Tensor reduced_here(int size, int64_t first, int64_t count, torch::ScalarType dtype, c10d::ReduceOp op) {
+  const bool floating = torch::isFloatingType(dtype);
+  const auto wide = floating ? torch::kDouble : torch::kLong;
+  std::vector<torch::Tensor> all;
+  for (int q = 0; q < size; ++q) all.push_back(known_input(q, first, count, dtype).to(wide));
+  auto stacked = torch::stack(all);
+  torch::Tensor result;
+  switch (static_cast<c10d::ReduceOp::RedOpType>(op)) {
+    case c10d::ReduceOp::AVG: result = stacked.sum(0) / size; break;
+    case c10d::ReduceOp::MAX: result = std::get<0>(stacked.max(0)); break;
+    case c10d::ReduceOp::MIN: result = std::get<0>(stacked.min(0)); break;
+    case c10d::ReduceOp::PRODUCT: result = stacked.prod(0); break;
+    default: result = stacked.sum(0); break;
+  }
+  return result.to(dtype);
+}
+
+struct HalvesCount {
+  int checked = 0, wrong = 0;
+  void check(const torch::Tensor& got, const torch::Tensor& expected, int rank, const std::string& what) {
+    ++checked;
+    if (torch::equal(got, expected)) return;
+    ++wrong;
+    const auto differ = (got.to(torch::kDouble) != expected.to(torch::kDouble)).nonzero();
+    const int64_t at = differ.numel() > 0 ? differ[0].item<int64_t>() : 0;
+    std::cout << "rank=" << rank << " wrong=" << what << " (element " << at << " is " << got[at].item<double>()
+              << ", expected " << expected[at].item<double>() << ")" << std::endl;
+  }
+};
+
+void check_reduce_scatters(const ddp::ProcessGroupPtr& world, torch::ScalarType dtype, int64_t per_rank, HalvesCount& count) {
+  const int rank = ddp::get_rank(world), size = ddp::get_world_size(world);
+  std::vector<c10d::ReduceOp> ops{c10d::ReduceOp::SUM, c10d::ReduceOp::MAX, c10d::ReduceOp::MIN, c10d::ReduceOp::PRODUCT};
+  if (torch::isFloatingType(dtype)) ops.push_back(c10d::ReduceOp::AVG);
+  for (const auto& op : ops) {
+    const auto expected = reduced_here(size, rank * per_rank, per_rank, dtype, op);
+    const std::string what = "reduce_scatter " + std::string(c10::toString(dtype)) + " x " + std::to_string(per_rank) +
+                             " op " + std::to_string(static_cast<int>(static_cast<c10d::ReduceOp::RedOpType>(op)));
+    auto input = known_input(rank, 0, size * per_rank, dtype);
+    auto output = torch::full({per_rank}, 99, dtype);
+    ddp::reduce_scatter_tensor(output, input, op, world);
+    count.check(output, expected, rank, what);
+    // In place: the output is this rank's piece of the input.
+    auto piece = input.narrow(0, rank * per_rank, per_rank);
+    ddp::reduce_scatter_tensor(piece, input, op, world);
+    count.check(piece, expected, rank, what + " in place");
+  }
+}
+
+void check_all_gathers(const ddp::ProcessGroupPtr& world, torch::ScalarType dtype, int64_t per_rank, HalvesCount& count) {
+  const int rank = ddp::get_rank(world), size = ddp::get_world_size(world);
+  std::vector<torch::Tensor> all;
+  for (int q = 0; q < size; ++q) all.push_back(known_input(q, 0, per_rank, dtype));
+  const auto expected = torch::cat(all);
+  const std::string what = "all_gather " + std::string(c10::toString(dtype)) + " x " + std::to_string(per_rank);
+  auto output = torch::full({size * per_rank}, 99, dtype);
+  ddp::all_gather_into_tensor(output, known_input(rank, 0, per_rank, dtype), world);
+  count.check(output, expected, rank, what);
+  auto in_place = torch::full({size * per_rank}, 99, dtype);
+  auto piece = in_place.narrow(0, rank * per_rank, per_rank);
+  piece.copy_(known_input(rank, 0, per_rank, dtype));
+  ddp::all_gather_into_tensor(in_place, piece, world);
+  count.check(in_place, expected, rank, what + " in place");
+}
+
+// This network namespace's bytes sent on eth0 (its link to the other hosts), from /proc/net/dev.
+int64_t link_bytes_sent() {
+  std::ifstream dev("/proc/net/dev");
+  std::string line;
+  while (std::getline(dev, line)) {
+    const auto colon = line.find(':');
+    if (colon == std::string::npos || line.substr(0, colon).find("eth0") == std::string::npos) continue;
+    std::istringstream fields(line.substr(colon + 1));
+    int64_t value = 0;
+    for (int field = 0; field < 9; ++field) fields >> value;  // received: 8 fields; then bytes sent
+    return value;
+  }
+  return -1;
+}
+
+// Bytes this host sent while every rank ran `collective` once (the world's barriers around it).
+template <typename Collective>
+int64_t sent_during(const ddp::ProcessGroupPtr& world, Collective&& collective) {
+  ddp::barrier(world);
+  const int64_t before = link_bytes_sent();
+  collective();
+  ddp::barrier(world);
+  return link_bytes_sent() - before;
+}
+
+int halves() {
   auto world = init_world();
-  const int rank = ddp::get_rank();
-  auto tensor = torch::ones({8400000});
+  auto flat = ddp::new_group(ddp::NewGroupOptions().shared_memory(false));
+  const int rank = ddp::get_rank(), size = ddp::get_world_size();
+  std::cout << "rank=" << rank << " host=" << hostname() << " world_transport=" << ddp::transport(world) << std::endl;
+  HalvesCount count;
+  const std::vector<torch::ScalarType> dtypes{torch::kFloat, torch::kDouble, torch::kBFloat16, torch::kHalf,
+                                              torch::kInt, torch::kLong, torch::kByte};
+  for (const auto dtype : dtypes) {
+    // One element; 13; just past one slice of 1 MiB crossing the hosts; three slices and a bit
+    // (more than cross at once).
+    const int64_t slice = (int64_t{1} << 20) / c10::elementSize(dtype);
+    for (const int64_t per_rank : {int64_t{1}, int64_t{13}, slice + 7, 3 * slice + 5}) {
+      check_reduce_scatters(world, dtype, per_rank, count);
+      check_all_gathers(world, dtype, per_rank, count);
+    }
+  }
+  std::cout << "rank=" << rank << " halves_checked=" << count.checked << " halves_wrong=" << count.wrong << std::endl;
+  // What crossed the link: 8 MiB of input per rank reduce-scattered, 8 MiB of output gathered.
+  const int64_t total = int64_t{1} << 21;  // float32 elements
+  auto input = torch::ones({total}), piece = torch::empty({total / size});
+  auto gathered = torch::empty({total});
+  const auto rs = [&](const ddp::ProcessGroupPtr& group) {
+    return sent_during(world, [&] { ddp::reduce_scatter_tensor(piece, input, c10d::ReduceOp::SUM, group); });
+  };
+  const auto ag = [&](const ddp::ProcessGroupPtr& group) {
+    return sent_during(world, [&] { ddp::all_gather_into_tensor(gathered, piece, group); });
+  };
+  const int64_t rs_world = rs(world), rs_flat = rs(flat), ag_world = ag(world), ag_flat = ag(flat);
+  std::cout << "rank=" << rank << " halves_link rs_world=" << rs_world << " rs_flat=" << rs_flat << " ag_world=" << ag_world
+            << " ag_flat=" << ag_flat << " input=" << total * 4 << std::endl;
+  ddp::barrier();
+  ddp::destroy_process_group();
+  return count.wrong == 0 ? 0 : 1;
+}
+
+int forever(const std::string& what) {
+  auto world = init_world();
+  const int rank = ddp::get_rank(), size = ddp::get_world_size();
+  auto tensor = torch::ones({8400000}), piece = torch::ones({8400000 / size});
   auto model = make_model();
   ddp::DistributedDataParallel ddp_model(model.ptr(), world);
   const Batch batch = make_batch(4);
+  bool first = true;
   const auto step = [&] {
-    if (train) {
+    if (what == "ddp") {
       torch::mse_loss(ddp_model.forward(batch.inputs), batch.targets).backward();
+    } else if (what == "halves") {
+      ddp::reduce_scatter_tensor(piece, tensor, c10d::ReduceOp::SUM, world);
+      ddp::all_gather_into_tensor(tensor, piece, world);
+    } else if (what == "desync" && !first) {  // the first host's ranks reduce-scatter, the others all-gather
+      if (rank < size / 2) {
+        ddp::reduce_scatter_tensor(piece, tensor, c10d::ReduceOp::SUM, world);
+      } else {
+        ddp::all_gather_into_tensor(tensor, piece, world);
+      }
     } else {
       ddp::all_reduce(tensor);
     }
+    first = false;
   };
   step();
   std::cout << "rank=" << rank << " ready transport=" << ddp::transport(world) << std::endl;
@@ -237,7 +400,8 @@ int main(int argc, char** argv) {
   // would die of SIGPIPE before it reports its error.
   std::signal(SIGPIPE, SIG_IGN);
   try {
-    if (argc > 1 && std::string(argv[1]) == "forever") return forever(argc > 2 && std::string(argv[2]) == "ddp");
+    if (argc > 1 && std::string(argv[1]) == "forever") return forever(argc > 2 ? argv[2] : "");
+    if (argc > 1 && std::string(argv[1]) == "halves") return halves();
     return check();
   } catch (const std::exception& error) {
     std::cerr << "host_rank: error: " << error.what() << std::endl;

@@ -36,8 +36,9 @@ void allreduce_sliced(Peers& peers, const std::vector<Span>& spans, std::size_t 
 // the peers may read them. Returns the buffer.
 unsigned char* stage_chunk(Peers& peers, const std::vector<Span>& spans, std::size_t element, const Chunk& chunk);
 void broadcast(Peers& peers, void* data, std::size_t bytes, int root);
-void allgather(Peers& peers, const void* in, std::size_t bytes_per_rank, void* out);
-void reduce_scatter(Peers& peers, const void* in, std::size_t count, void* out, DType dtype, Op op);
+// places[q]: where rank q's piece lands. pieces[q]: the piece (count elements) rank q reduces.
+void allgather(Peers& peers, const void* in, std::size_t bytes_per_rank, void* const* places);
+void reduce_scatter(Peers& peers, const void* const* pieces, std::size_t count, void* out, DType dtype, Op op);
 void barrier(Peers& peers);
 // sends[q]: the part of `in` for rank q; receives[p]: the part of `out` rank p's piece for this
 // rank lands in (this rank's own piece is copied within the rank). Every piece must be the size

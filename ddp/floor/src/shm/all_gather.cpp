@@ -7,11 +7,11 @@
 
 namespace ddp::detail::shm::algorithm {
 
-void allgather(Peers& peers, const void* in, std::size_t bytes_per_rank, void* out) {
+void allgather(Peers& peers, const void* in, std::size_t bytes_per_rank, void* const* places) {
   const int rank = peers.rank(), size = peers.size();
-  auto* gathered = static_cast<unsigned char*>(out);
+  const auto place_of = [&](int q) { return static_cast<unsigned char*>(places[q]); };
   const auto* piece = static_cast<const unsigned char*>(in);
-  unsigned char* my_place = gathered + rank * bytes_per_rank;
+  unsigned char* my_place = place_of(rank);
   // A chunk of every piece per step: one buffer holds my piece's chunk, which each peer reads.
   peers.for_each_chunk(bytes_per_rank, peers.options().chunk_bytes, true, [&](const Chunk& chunk) {
     const std::size_t offset = chunk.first, n = chunk.n;
@@ -26,7 +26,7 @@ void allgather(Peers& peers, const void* in, std::size_t bytes_per_rank, void* o
     //    peers' buffers.
     peers.wait_all(peers.posted(), chunk.waiting_for("the peers' pieces"));
     for (int q = 0; q < size && n > 0; ++q) {
-      if (q != rank) copy_bytes(gathered + q * bytes_per_rank + offset, peers.buffer(q, chunk.buffer), n);
+      if (q != rank) copy_bytes(place_of(q) + offset, peers.buffer(q, chunk.buffer), n);
     }
     peers.post();
   });

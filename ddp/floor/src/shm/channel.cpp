@@ -374,17 +374,22 @@ bool Channel::serves_allgather(const std::vector<std::vector<at::Tensor>>& outpu
   return true;
 }
 
+// Across hosts too (hierarchical.h): the reduce-scatter and all-gather reduce and copy where shared
+// memory does, with every dtype and reduction it takes.
 bool Channel::serves_reduce_scatter(const at::Tensor& output, const at::Tensor& input, c10d::ReduceOp op) const {
-  if (hierarchical_ || !dense_cpu(output) || !dense_cpu(input) || output.scalar_type() != input.scalar_type()) return false;
+  if (!dense_cpu(output) || !dense_cpu(input) || output.scalar_type() != input.scalar_type()) return false;
   const std::optional<DType> dtype = dtype_of(input.scalar_type());
-  return dtype && op_of(op) && supported(*dtype, *op_of(op)) && input.numel() == output.numel() * communicator_->size() &&
-         piece_or_apart(output, input, communicator_->rank());
+  return dtype && op_of(op) && supported(*dtype, *op_of(op)) && input.numel() == output.numel() * group_size() &&
+         piece_or_apart(output, input, group_rank());
 }
 
 bool Channel::serves_allgather_into(const at::Tensor& output, const at::Tensor& input) const {
-  return !hierarchical_ && dense_cpu(output) && dense_cpu(input) && output.scalar_type() == input.scalar_type() &&
-         output.numel() == input.numel() * communicator_->size() && piece_or_apart(input, output, communicator_->rank());
+  return dense_cpu(output) && dense_cpu(input) && output.scalar_type() == input.scalar_type() &&
+         output.numel() == input.numel() * group_size() && piece_or_apart(input, output, group_rank());
 }
+
+int Channel::group_size() const { return hierarchical_ ? hierarchical_->size() : communicator_->size(); }
+int Channel::group_rank() const { return hierarchical_ ? hierarchical_->rank() : communicator_->rank(); }
 
 // --- the collectives: queued, run in order on the channel's thread ------------------------------
 
@@ -429,14 +434,23 @@ c10::intrusive_ptr<c10d::Work> Channel::reduce_scatter(at::Tensor& output, at::T
   const DType dtype = *dtype_of(input.scalar_type());
   const Op reduce = *op_of(op);
   return issue(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, where_for(input.nbytes()), [this, output, input, dtype, reduce] {
-    communicator_->reduce_scatter(input.data_ptr(), static_cast<std::size_t>(output.numel()), output.data_ptr(), dtype, reduce);
+    const auto count = static_cast<std::size_t>(output.numel());
+    if (hierarchical_) {
+      hierarchical_->reduce_scatter(input.data_ptr(), count, output.data_ptr(), dtype, reduce);
+    } else {
+      communicator_->reduce_scatter(input.data_ptr(), count, output.data_ptr(), dtype, reduce);
+    }
   });
 }
 
 c10::intrusive_ptr<c10d::Work> Channel::allgather_into(at::Tensor& output, at::Tensor& input) {
   // Every rank's piece straight into its place in `output`: no gathering buffer.
   return issue(c10d::OpType::_ALLGATHER_BASE, {output}, where_for(output.nbytes()), [this, output, input] {
-    communicator_->allgather(input.data_ptr(), input.nbytes(), output.data_ptr());
+    if (hierarchical_) {
+      hierarchical_->allgather(input.data_ptr(), input.nbytes(), output.data_ptr());
+    } else {
+      communicator_->allgather(input.data_ptr(), input.nbytes(), output.data_ptr());
+    }
   });
 }
 

@@ -1,8 +1,8 @@
 #pragma once
 // The shared-memory channel of a Gloo group whose ranks all run on one host - or on several hosts
-// with the same number (two or more) on each, where it runs only the allreduce, hierarchically
-// (hierarchical.h: shared memory inside each host, Gloo across them): c10d's asynchronous
-// collectives (a Work per call, finished later) over a Communicator (communicator.h), which is
+// with the same number (two or more) on each, where it runs the allreduce, reduce-scatter and
+// all-gather hierarchically (hierarchical.h: shared memory inside each host, Gloo across them):
+// c10d's asynchronous collectives (a Work per call, finished later) over a Communicator (communicator.h), which is
 // synchronous and single-threaded. The collectives run in the order they were issued, one at a
 // time; a Work completes when its collective has, so DDP keeps launching buckets while backward
 // runs, and comm hooks chain on the Work's future as on Gloo's. A small collective issued while
@@ -21,8 +21,8 @@
 // of any dtype - through the group's Mailbox (mailbox.h), whose own thread moves every message,
 // so a receive that waits never holds up the collectives of the queue, nor they it, and sends never
 // wait for their receives (sends first both ways cannot deadlock). Hierarchical: the
-// allreduce alone, of float32, float64, int32 and int64. The owner (owned_group.h) sends
-// everything else to Gloo.
+// allreduce of float32, float64, int32 and int64, and the reduce-scatter and all-gather into one
+// tensor as on one host. The owner (owned_group.h) sends everything else to Gloo.
 //
 // Thread-safety: the collectives may be issued from any thread; the channel serializes them in
 // the order of the calls, which every rank must make in the same order (as with any backend).
@@ -138,13 +138,16 @@ class Channel {
   enum class Where { kChannelThread, kCallerIfIdle };
   static Where where_for(std::size_t bytes);
   Channel(std::unique_ptr<Communicator> communicator, std::unique_ptr<Hierarchical> hierarchical);
+  // This rank's place in the group, on one host or several.
+  int group_size() const;
+  int group_rank() const;
   // Runs `body` (where `where` allows, else queued for the channel's thread) and returns the Work
   // it completes.
   c10::intrusive_ptr<c10d::Work> issue(c10d::OpType type, std::vector<at::Tensor> result, Where where,
                                        std::function<void()> body);
   void run();
 
-  // One of the two: every rank of the group on this host, or several hosts (the allreduce only).
+  // One of the two: every rank of the group on this host, or several hosts.
   std::unique_ptr<Communicator> communicator_;
   std::unique_ptr<Hierarchical> hierarchical_;
   std::unique_ptr<Mailbox> mailbox_;  // on one host: point to point (its own thread)

@@ -70,21 +70,42 @@ void Communicator::broadcast(void* data, std::size_t bytes, int root) {
 }
 
 void Communicator::allgather(const void* in, std::size_t bytes_per_rank, void* out) {
+  std::vector<void*> places(static_cast<std::size_t>(size()));
+  for (int q = 0; q < size(); ++q) places[q] = static_cast<unsigned char*>(out) + q * bytes_per_rank;
+  allgather(in, bytes_per_rank, places);
+}
+
+void Communicator::allgather(const void* in, std::size_t bytes_per_rank, const std::vector<void*>& places) {
+  if (places.size() != static_cast<std::size_t>(size())) {
+    throw std::invalid_argument("shm::Communicator::allgather: " + std::to_string(places.size()) + " places for " +
+                                std::to_string(size()) + " ranks");
+  }
   peers_.throw_if_failed();
   if (size() == 1) {
-    if (bytes_per_rank > 0 && in != out) std::memmove(out, in, bytes_per_rank);
+    if (bytes_per_rank > 0 && in != places[0]) std::memmove(places[0], in, bytes_per_rank);
     return;
   }
   peers_.run(Descriptor::of_bytes(Kind::kAllgather, bytes_per_rank),
-             [&] { algorithm::allgather(peers_, in, bytes_per_rank, out); });
+             [&] { algorithm::allgather(peers_, in, bytes_per_rank, places.data()); });
 }
 
 void Communicator::reduce_scatter(const void* in, std::size_t count, void* out, DType dtype, Op op) {
+  std::vector<const void*> pieces(static_cast<std::size_t>(size()));
+  for (int q = 0; q < size(); ++q) pieces[q] = static_cast<const unsigned char*>(in) + q * count * dtype_size(dtype);
+  reduce_scatter(pieces, count, out, dtype, op);
+}
+
+void Communicator::reduce_scatter(const std::vector<const void*>& pieces, std::size_t count, void* out, DType dtype,
+                                  Op op) {
   check_reduction("reduce_scatter", dtype, op, 1.0);
+  if (pieces.size() != static_cast<std::size_t>(size())) {
+    throw std::invalid_argument("shm::Communicator::reduce_scatter: " + std::to_string(pieces.size()) + " pieces for " +
+                                std::to_string(size()) + " ranks");
+  }
   peers_.throw_if_failed();
   const std::size_t element = dtype_size(dtype);
   if (size() == 1) {  // the reduction of one piece is itself (AVG divides by 1)
-    if (count > 0 && in != out) std::memmove(out, in, count * element);
+    if (count > 0 && pieces[0] != out) std::memmove(out, pieces[0], count * element);
     return;
   }
   if (algorithm::reduce_scatter_slot_bytes(peers_, element) == 0) {
@@ -93,7 +114,7 @@ void Communicator::reduce_scatter(const void* in, std::size_t count, void* out, 
                                 " peers");
   }
   peers_.run(Descriptor::reduction(Kind::kReduceScatter, count, dtype, op, 1.0),
-             [&] { algorithm::reduce_scatter(peers_, in, count, out, dtype, op); });
+             [&] { algorithm::reduce_scatter(peers_, pieces.data(), count, out, dtype, op); });
 }
 
 void Communicator::all_to_all(const void* in, const std::vector<Piece>& sends, void* out,

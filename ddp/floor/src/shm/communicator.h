@@ -68,11 +68,17 @@ class Communicator {
   // out (size() * bytes_per_rank bytes) receives every rank's `in`, in rank order. `in` may be
   // this rank's part of `out`; otherwise the two must not overlap.
   void allgather(const void* in, std::size_t bytes_per_rank, void* out);
+  // The same with rank q's piece landing at places[q] (one per rank, none overlapping; `in` may
+  // be places[rank()]).
+  void allgather(const void* in, std::size_t bytes_per_rank, const std::vector<void*>& places);
   // `in` holds size() pieces of `count` elements of dtype; `out` (count elements) becomes the
   // reduction over the ranks of piece rank(), in rank order: the bits allreduce gives those
   // elements. `out` may be this rank's piece of `in`; otherwise the two must not overlap. Throws
   // std::invalid_argument (before communicating) for what allreduce refuses.
   void reduce_scatter(const void* in, std::size_t count, void* out, DType dtype, Op op);
+  // The same with piece q at pieces[q] (one per rank): a hierarchical reduce-scatter's pieces lie
+  // apart in its input. `out` may be pieces[rank()].
+  void reduce_scatter(const std::vector<const void*>& pieces, std::size_t count, void* out, DType dtype, Op op);
   // Every rank's piece for every rank: sends[q] is the part of `in` for rank q, receives[p] the
   // part of `out` that rank p's piece for this rank lands in (one of each per rank; pieces may
   // differ in size from rank to rank - uneven splits - but each must be the size its receiver
@@ -110,6 +116,9 @@ class Communicator {
   SharedSlice start_shared(const SharedArray& array, std::size_t offset, std::size_t count, DType dtype, Op op,
                            double scale, bool away);
   void finish_shared();
+  // While `away`, this rank waits for something outside the group (a step across the hosts, bounded
+  // by a timeout of its own): peers waiting for it give it one more timeout (peers.h, set_away).
+  void set_away(bool away) noexcept { peers_.set_away(away); }
 
   // Rank `rank`'s slice of an array of `count` elements of `dtype` in allreduce_shared (the part of
   // the array it reduces, and in a hierarchical allreduce sends across the hosts): elements
@@ -121,6 +130,7 @@ class Communicator {
   // The collectives above throw PeerError when a peer fails them (peers.h); after that every call
   // throws the same error again.
   bool failed() const noexcept { return peers_.failed(); }
+  void throw_if_failed() const { peers_.throw_if_failed(); }
   // This rank fails with `error`, which happened outside the communicator (a hierarchical
   // allreduce's step across hosts): every later call throws it, and peers waiting for this rank
   // fail at once with its text. Only the first failure is kept.

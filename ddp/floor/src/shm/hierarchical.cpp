@@ -223,7 +223,7 @@ c10::intrusive_ptr<c10d::Work> Hierarchical::start_part(const at::Tensor& part, 
   return across_->allreduce(tensors, options);
 }
 
-void Hierarchical::finish_part(const c10::intrusive_ptr<c10d::Work>& work) {
+void Hierarchical::finish_part(const c10::intrusive_ptr<c10d::Work>& work, const char* collective) {
   std::string told = wait_watching(work);
   try {
     work->wait();  // done (wait_watching): throws Gloo's error, if any
@@ -234,13 +234,84 @@ void Hierarchical::finish_part(const c10::intrusive_ptr<c10d::Work>& work) {
     // step and would otherwise wait until the timeout.
     if (told.empty()) told = local_->peer_failure();
     if (told.empty()) told = failure_told_within(kTellingGrace);
-    const std::string mine = "rank " + std::to_string(rank_) + "'s allreduce across hosts";
+    const std::string mine = "rank " + std::to_string(rank_) + "'s " + collective + " across hosts";
     const std::string cause = told.empty() ? partners() + " did not complete " + mine
                                            : told + "; then " + mine + " with " + partners() + " failed";
     const PeerError failure(local_->rank(), cause + ": " + error_text(error));
     local_->fail(failure);
     throw failure;
   }
+}
+
+// --- what the reduce-scatter and the all-gather across hosts share ---------------------------------
+
+std::string Hierarchical::describe(const Across& what) {
+  if (what.kind == kAllgather) return "all_gather_into_tensor (" + std::to_string(what.count) + " bytes per rank)";
+  return "reduce_scatter_tensor (" + std::to_string(what.count) + " x " + dtype_name(static_cast<DType>(what.dtype)) +
+         " per rank, " + op_name(static_cast<Op>(what.op)) + ")";
+}
+
+void Hierarchical::run_across(const Across& what, const std::function<void()>& body) {
+  try {
+    try {
+      local_->throw_if_failed();  // after a failure, every call throws it
+      check_same_across(what);
+      body();
+    } catch (const std::exception& error) {
+      throw local_->fail_with(error);  // my host's peers stop at once
+    }
+  } catch (const PeerError& error) {
+    tell_other_hosts(error.what());
+    throw;
+  }
+}
+
+// Every rank of my local rank says what it runs (a Gloo allgather across the hosts, the same first
+// step in both collectives, so that one pairs with the other and is named instead of mismatching).
+void Hierarchical::check_same_across(const Across& what) {
+  const int hosts = layout_.hosts();
+  std::vector<at::Tensor> mine{at::tensor(std::vector<int64_t>{what.kind, what.count, what.dtype, what.op})};
+  std::vector<std::vector<at::Tensor>> all(1);
+  for (int h = 0; h < hosts; ++h) all[0].push_back(at::empty({4}, at::kLong));
+  land(across_->allgather(all, mine), what.kind == kAllgather ? "all-gather" : "reduce-scatter");
+  const std::vector<int> partners = layout_.ranks_with_local_rank(layout_.local_rank_of(rank_));
+  for (int h = 0; h < hosts; ++h) {
+    const auto* theirs = all[0][h].data_ptr<int64_t>();
+    if (theirs[0] == what.kind && theirs[1] == what.count && theirs[2] == what.dtype && theirs[3] == what.op) continue;
+    const Across other{theirs[0], theirs[1], theirs[2], theirs[3]};
+    // The lower rank first, so both ranks of the pair throw the same text.
+    const int low = std::min(rank_, partners[h]), high = std::max(rank_, partners[h]);
+    const Across& low_runs = low == rank_ ? what : other;
+    const Across& high_runs = low == rank_ ? other : what;
+    throw PeerError(local_->rank(), "rank " + std::to_string(low) + " and rank " + std::to_string(high) +
+                                        " are not running the same collective across hosts: rank " + std::to_string(low) +
+                                        " runs " + describe(low_runs) + ", rank " + std::to_string(high) + " runs " +
+                                        describe(high_runs));
+  }
+}
+
+at::Tensor Hierarchical::crossing_buffer(std::size_t bytes) {
+  if (!crossing_.defined() || static_cast<std::size_t>(crossing_.numel()) < bytes) {
+    crossing_ = at::empty({static_cast<int64_t>(bytes)}, at::kByte);
+  }
+  return crossing_;
+}
+
+void Hierarchical::land(const c10::intrusive_ptr<c10d::Work>& work, const char* collective) {
+  local_->set_away(true);
+  try {
+    finish_part(work, collective);
+  } catch (...) {
+    local_->set_away(false);
+    throw;
+  }
+  local_->set_away(false);
+}
+
+// Block h of `sent` to the rank of my local rank on host h; block h of `received` from it.
+c10::intrusive_ptr<c10d::Work> Hierarchical::exchange(at::Tensor& received, at::Tensor& sent) {
+  std::vector<int64_t> equal_blocks;
+  return across_->alltoall_base(received, sent, equal_blocks, equal_blocks);
 }
 
 // "rank 3", "ranks 3, 5": the ranks of my local rank on the other hosts.

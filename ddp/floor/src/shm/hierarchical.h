@@ -1,6 +1,7 @@
 #pragma once
-// The allreduce of a group whose ranks run on several hosts, the same number L >= 2 on each
-// (HostLayout::hierarchical()). Only step 2 crosses the hosts' links, carrying 1/L of
+// The collectives of a group whose ranks run on several hosts, the same number L >= 2 on each
+// (HostLayout::hierarchical()): the reduce-scatter and all-gather into one tensor (below, at their
+// declarations), and the allreduce. Only step 2 crosses the hosts' links, carrying 1/L of
 // the array per rank, the L local ranks' streams at once:
 //   1. inside the host, over shared memory: local rank l reduces slice l of the array from every
 //      local rank's copy
@@ -32,6 +33,7 @@
 // Thread-safety: one thread at a time (the channel's), collectives in the same order on every rank.
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -100,14 +102,58 @@ class Hierarchical {
   static constexpr std::size_t kPieceBytes = std::size_t{1} << 20;
   static constexpr int kPiecesInFlight = 2;
 
+  // c10d's _reduce_scatter_base across the hosts (hierarchical_reduce_scatter.cpp). `in` holds
+  // size() pieces of `count` elements, one per rank in rank order; `out` (count elements; it may be
+  // this rank's piece of `in`) becomes the reduction of piece rank() over every rank:
+  //   1. inside the host, over shared memory: local rank l reduces, over its host's ranks, the
+  //      pieces of the ranks of local rank l on every host (one reduce-scatter per host)
+  //   2. across the hosts, with the ranks of local rank l (a Gloo all-to-all): each sends every
+  //      partner its host's sum of that partner's piece, and reduces the sums it receives, in host
+  //      order, into `out`
+  // by slices of kPieceBytes of each piece, kPiecesInFlight crossing while the next is reduced in
+  // the host. Only (H - 1) / H of this rank's piece leaves the host, per rank. Every dtype and
+  // reduction the host takes (reduce_kernels.h, supported()); AVG is the sum times 1/size().
+  void reduce_scatter(const void* in, std::size_t count, void* out, DType dtype, Op op);
+  // c10d's _allgather_base across the hosts (hierarchical_all_gather.cpp): `out` (size() pieces of
+  // `bytes`, in rank order) receives every rank's `in` (which may be this rank's piece of `out`):
+  //   1. across the hosts: the ranks of local rank l exchange their pieces (a Gloo all-to-all)
+  //   2. inside the host: each local rank's H pieces into their places in every local rank's `out`
+  // by slices of kPieceBytes, the next crossing while one is shared inside the host.
+  // Both check first, across the hosts, that the ranks of this local rank run the same collective
+  // (a small Gloo allgather; inside the host the Communicator's desync check does): a partner that
+  // runs another is named, never paired. Failures as the allreduce's (above).
+  void allgather(const void* in, std::size_t bytes, void* out);
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return layout_.size(); }
+
  private:
+  // What a reduce-scatter or all-gather across the hosts runs, compared across the hosts first.
+  struct Across {
+    int64_t kind;   // kReduceScatter or kAllgather
+    int64_t count;  // elements per rank (reduce-scatter), bytes per rank (all-gather)
+    int64_t dtype;
+    int64_t op;
+  };
+  static constexpr int64_t kReduceScatter = 1, kAllgather = 2;
+  static std::string describe(const Across& what);
+  // Checks `what` across the hosts, then runs body(); any failure fails my host's Communicator
+  // (my host's peers stop at once) and is told to the other hosts.
+  void run_across(const Across& what, const std::function<void()>& body);
+  void check_same_across(const Across& what);
+  // A byte tensor of at least `bytes`, kept for the next collective: the pieces crossing the hosts
+  // lie there (Gloo holds a view of it, so it outlives a failure).
+  at::Tensor crossing_buffer(std::size_t bytes);
+  // Waits for a Gloo step of a reduce-scatter or all-gather (finish_part), saying meanwhile to my
+  // host's peers that I am away.
+  void land(const c10::intrusive_ptr<c10d::Work>& work, const char* collective);
+  c10::intrusive_ptr<c10d::Work> exchange(at::Tensor& received, at::Tensor& sent);  // Gloo's all-to-all
   void cross(SharedSlice& slice, const std::shared_ptr<SharedArray>& array, DType dtype, Op op,
              std::function<void()>& meanwhile);
   void grow_scratch(std::size_t bytes);
   // A Gloo allreduce across the hosts: started in the background, then waited for (its failure
   // named, my host's Communicator failed with it).
   c10::intrusive_ptr<c10d::Work> start_part(const at::Tensor& part, Op op);
-  void finish_part(const c10::intrusive_ptr<c10d::Work>& work);
+  void finish_part(const c10::intrusive_ptr<c10d::Work>& work, const char* collective = "allreduce");
   std::string wait_watching(const c10::intrusive_ptr<c10d::Work>& work) const;
   std::string partners() const;
   void tell_other_hosts(const std::string& what) noexcept;
@@ -123,6 +169,7 @@ class Hierarchical {
   std::size_t scratch_limit_ = kLargestScratchBytes;  // scratch_'s size, once a host could not grow it
   c10::intrusive_ptr<c10d::Store> store_;  // the group's: where a failing rank tells the others
   c10::intrusive_ptr<c10d::ProcessGroupGloo> across_;
+  at::Tensor crossing_;  // crossing_buffer()
   bool told_other_hosts_ = false;
 };
 

@@ -19,13 +19,12 @@ std::size_t reduce_scatter_slot_bytes(const Peers& peers, std::size_t element) {
   return share >= 64 ? share / 64 * 64 : share / element * element;
 }
 
-void reduce_scatter(Peers& peers, const void* in, std::size_t count, void* out, DType dtype, Op op) {
+void reduce_scatter(Peers& peers, const void* const* pieces, std::size_t count, void* out, DType dtype, Op op) {
   const std::size_t element = dtype_size(dtype), slot_bytes = reduce_scatter_slot_bytes(peers, element);
   const int rank = peers.rank(), size = peers.size();
   const void** sources = peers.sources();
-  const auto* pieces = static_cast<const unsigned char*>(in);
   auto* result = static_cast<unsigned char*>(out);
-  const auto of_piece = [&](int q, std::size_t first) { return pieces + (q * count + first) * element; };
+  const auto of_piece = [&](int q, std::size_t first) { return static_cast<const unsigned char*>(pieces[q]) + first * element; };
   // Per step, slot_bytes / element elements of every piece: each peer's in a slot of one buffer of mine.
   peers.for_each_chunk(count, slot_bytes / element, true, [&](const Chunk& chunk) {
     const std::size_t first = chunk.first, n = chunk.n;

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The reduce-scatter and all-gather into one tensor across two simulated hosts (sim_hosts.sh, links
+# shaped to 10 Gbit/s), 2 hosts x 2 ranks (host_rank halves):
+#   1. every result is right: reduce_scatter_tensor of float32, float64, bfloat16, float16, int32,
+#      int64 and uint8 with SUM, MAX, MIN, PRODUCT and (floating) AVG, and all_gather_into_tensor of
+#      each, at 1, 13, just over one slice crossing the hosts and over three slices (sizes no slice
+#      divides), in place too - against the results computed on each rank from every rank's input
+#   2. they took the hierarchical path, not Gloo's: during a reduce-scatter of 8 MiB per rank, each
+#      host's link sent at most 0.6 of the input (the hierarchical one sends half: each rank sends
+#      its host's sums of the other host's pieces, a quarter of the input), less than a Gloo-alone
+#      group's; the same for an all-gather into 8 MiB
+#   3. host 1's ranks in a reduce-scatter while host 2's are in an all-gather: named on every rank
+#   4. a rank killed (on host 2, then on host 1) among reduce-scatters and all-gathers: the others
+#      end within 20 s naming it
+# Usage: halves_test.sh HOST_RANK. Exit 0: pass; 1: fail (the reason and the output);
+# 77: skipped (no root or no namespaces here).
+source "$(dirname "$0")/host_test.sh"
+program=$1
+sim_hosts_up 2 10gbit
+
+start_job "2 2" $((35000 + $$ % 1000 * 2)) "$program" halves
+await_job 240
+out=$JOB_OUT
+[[ ${JOB_CODES[*]} == "0 0 0 0" ]] || fail "the ranks' exit codes are ${JOB_CODES[*]} (0 0 0 0 expected)"
+for rank in 0 1 2 3; do
+  log=$(rank_log "$rank")
+  grep -q "^rank=$rank .*world_transport=gloo+shm hierarchical (2 hosts x 2)$" <<<"$log" ||
+    fail "rank $rank's world is not hierarchical"
+  grep -q "^rank=$rank halves_checked=[1-9][0-9]* halves_wrong=0$" <<<"$log" || fail "rank $rank has wrong results"
+  line=$(grep "^rank=$rank halves_link " <<<"$log") || fail "rank $rank did not measure its link"
+  declare -A sent=()
+  for field in ${line#* halves_link }; do sent[${field%=*}]=${field#*=}; done
+  for what in rs ag; do
+    world=${sent[${what}_world]} flat=${sent[${what}_flat]} input=${sent[input]}
+    ((world > 0 && world * 10 <= input * 6)) ||
+      fail "rank $rank: the world's $what sent $world bytes for $input of input (at most 0.6 of it expected)"
+    ((world < flat)) || fail "rank $rank: the world's $what sent $world bytes, no fewer than Gloo alone's $flat"
+  done
+  echo "rank $rank: $(grep -o 'halves_checked=.*' <<<"$log"); link bytes per host: $line"
+done
+echo "2 hosts x 2 ranks: reduce_scatter_tensor and all_gather_into_tensor right for every dtype, op and size; hierarchical on the link"
+
+# 3. Host 1's ranks reduce-scatter while host 2's all-gather as many bytes: every rank's error names
+#    both collectives across the hosts, within the timeout's 60 s (never paired, never a hang).
+port=$((36000 + $$ % 1000 * 2))
+start_job "2 2" "$port" "$program" forever desync
+await_job 60
+out=$JOB_OUT
+[[ ${JOB_CODES[*]} == "0 0 0 0" ]] || fail "desync: exit codes ${JOB_CODES[*]} (0 0 0 0: every rank reports its error)"
+for rank in 0 1 2 3; do
+  error=$(grep "^rank=$rank error=" <<<"$(rank_log "$rank")") || fail "desync: rank $rank reports no error"
+  grep -q "are not running the same collective across hosts: rank [01] runs reduce_scatter_tensor (2100000 x float32 per rank, SUM), rank [23] runs all_gather_into_tensor (8400000 bytes per rank)" <<<"$error" ||
+    fail "desync: rank $rank's error does not name both collectives: $error"
+  echo "  rank $rank: $(cut -c1-300 <<<"$error")"
+done
+echo "desync across hosts (reduce-scatter against all-gather): named on every rank"
+
+# 4. A rank killed (host 2) in the middle of reduce-scatters and all-gathers of 33.6 MB: every other
+#    rank ends within 20 s with an error naming it.
+for victim in 3 0; do
+  port=$((port + 4))
+  start_job "2 2" "$port" "$program" forever halves
+  for _ in $(seq 300); do  # bounded: 60 s for every rank to be in its loop
+    [[ $(cat "$SIM_HOSTS_DIR"/logs/rank_*.txt | grep -c " ready ") == 4 ]] && break
+    sleep 0.2
+  done
+  sleep 0.$((RANDOM % 9 + 1))
+  { kill -9 "${JOB_PIDS[$victim]}" && wait "${JOB_PIDS[$victim]}"; } 2>/dev/null
+  killed_at=$SECONDS
+  await_job 20
+  out=$JOB_OUT
+  for rank in 0 1 2 3; do
+    [[ $rank == "$victim" ]] && continue
+    [[ ${JOB_CODES[$rank]} == 0 ]] || fail "rank $rank did not end within 20 s of rank $victim being killed: ${JOB_CODES[$rank]}"
+    error=$(grep "^rank=$rank error=" <<<"$(rank_log "$rank")")
+    grep -q "rank $victim[^0-9]" <<<"$error" || fail "rank $rank's error does not name killed rank $victim: $error"
+    echo "  rank $rank: $(cut -c1-300 <<<"$error")"
+  done
+  echo "rank $victim (host ${JOB_HOST[$victim]}) killed among reduce-scatters and all-gathers: the other 3 ended within $((SECONDS - killed_at)) s naming it"
+done
