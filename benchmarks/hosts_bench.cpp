@@ -10,7 +10,9 @@
 //   hierarchical  gloo+shm hierarchical (2 hosts x 2)      median <ms> (p10 <ms>, p90 <ms>)
 //   hierarchical/flat = <ratio>
 // With --phases, then the parts of a step timed apart (time_phases): the computation alone, and one
-// allreduce of the gradients' size over each group.
+// allreduce of the gradients' size over each group. With --halves, instead of training:
+// reduce_scatter_tensor and all_gather_into_tensor of 4 MB and 33.6 MB (float32, the whole
+// tensor: the reduce-scatter's input, the all-gather's output) over each group (time_halves).
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -36,11 +38,12 @@ struct Settings {
   int rounds = 10;
   int timeout_s = 600;
   bool phases = false;  // also time a step's parts apart: the computation alone, the allreduce alone
+  bool halves = false;  // time reduce-scatter and all-gather instead of training
 };
 
 void usage() {
   std::cout << "usage: hosts_bench [--batch N] [--mlp-width N] [--mlp-layers N] [--cap MB] [--warmup N] [--steps N]\n"
-               "                   [--rounds N] [--timeout SECONDS] [--phases]\n"
+               "                   [--rounds N] [--timeout SECONDS] [--phases] [--halves]\n"
                "  one rank; run it through benchmarks/over_hosts.sh, which starts every rank on its host\n";
 }
 
@@ -52,8 +55,8 @@ Settings parse(int argc, char** argv) {
       usage();
       std::exit(0);
     }
-    if (flag == "--phases") {
-      s.phases = true;
+    if (flag == "--phases" || flag == "--halves") {
+      (flag == "--phases" ? s.phases : s.halves) = true;
       continue;
     }
     if (i + 1 >= argc) throw std::invalid_argument("hosts_bench: " + flag + " needs a value (--help lists the flags)");
@@ -142,11 +145,56 @@ void time_phases(const Settings& s, const ddp::ProcessGroupPtr& world, const std
   std::fflush(stdout);
 }
 
+// reduce_scatter_tensor and all_gather_into_tensor over each group, in interleaved rounds of
+// `steps` each, every rank at once; rank 0 prints the medians and hierarchical/flat.
+void time_halves(const Settings& s, const ddp::ProcessGroupPtr& world, const ddp::ProcessGroupPtr& flat) {
+  const std::vector<std::pair<std::string, ddp::ProcessGroupPtr>> groups{{"flat", flat}, {"hierarchical", world}};
+  const int size = ddp::get_world_size();
+  for (const int64_t bytes : {int64_t{4000000}, int64_t{33600000}}) {
+    const int64_t per_rank = bytes / 4 / size;
+    auto whole = torch::ones({per_rank * size}), piece = torch::ones({per_rank});
+    std::vector<std::vector<double>> rs_ms(2), ag_ms(2);
+    const auto time = [](auto&& body) {
+      const auto start = std::chrono::steady_clock::now();
+      body();
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    };
+    for (int round = -1; round < s.rounds; ++round) {  // round -1: warm-up, untimed
+      for (std::size_t g = 0; g < groups.size(); ++g) {
+        ddp::barrier(world);
+        for (int i = 0; i < s.steps; ++i) {
+          const double rs = time([&] { ddp::reduce_scatter_tensor(piece, whole, c10d::ReduceOp::SUM, groups[g].second); });
+          const double ag = time([&] { ddp::all_gather_into_tensor(whole, piece, groups[g].second); });
+          if (round >= 0) rs_ms[g].push_back(rs), ag_ms[g].push_back(ag);
+        }
+      }
+    }
+    if (ddp::get_rank() != 0) continue;
+    for (const auto& [name, ms] : {std::make_pair("reduce_scatter_tensor", rs_ms), std::make_pair("all_gather_into_tensor", ag_ms)}) {
+      std::printf("halves: %-22s %5.1f MB  flat median %.1f ms (p10 %.1f, p90 %.1f)  hierarchical median %.1f ms "
+                  "(p10 %.1f, p90 %.1f)  hierarchical/flat = %.3f\n", name, bytes / 1e6, median(ms[0]),
+                  quantile(ms[0], 0.1), quantile(ms[0], 0.9), median(ms[1]), quantile(ms[1], 0.1), quantile(ms[1], 0.9),
+                  median(ms[1]) / median(ms[0]));
+    }
+    std::fflush(stdout);
+  }
+}
+
 int run(const Settings& s) {
   ddp::InitOptions init{"gloo", "env://"};
   init.timeout = std::chrono::seconds(s.timeout_s);
   auto world = ddp::init_process_group(init);
   auto flat_group = ddp::new_group(ddp::NewGroupOptions().shared_memory(false));
+  if (s.halves) {
+    if (ddp::get_rank() == 0) {
+      std::printf("hosts_bench: halves, %d ranks, %s against %s, %d rounds x %d per group\n", ddp::get_world_size(),
+                  ddp::transport(world).c_str(), ddp::transport(flat_group).c_str(), s.rounds, s.steps);
+    }
+    time_halves(s, world, flat_group);
+    ddp::barrier(world);
+    ddp::destroy_process_group();
+    return 0;
+  }
   std::vector<Trainer> trainers;
   trainers.emplace_back("flat", flat_group, s);
   trainers.emplace_back("hierarchical", world, s);
