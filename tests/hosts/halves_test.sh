@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The reduce-scatter and all-gather into one tensor across two simulated hosts (sim_hosts.sh, links
 # shaped to 10 Gbit/s), 2 hosts x 2 ranks (host_rank halves):
-#   1. every result is right: reduce_scatter_tensor of float32, float64, bfloat16, float16, int32,
+#   1. every result is right, with the ranks numbered host by host and interleaved: reduce_scatter_tensor of float32, float64, bfloat16, float16, int32,
 #      int64 and uint8 with SUM, MAX, MIN, PRODUCT and (floating) AVG, and all_gather_into_tensor of
 #      each, at 1, 13, just over one slice crossing the hosts and over three slices (sizes no slice
 #      divides), in place too - against the results computed on each rank from every rank's input
@@ -18,31 +18,41 @@ source "$(dirname "$0")/host_test.sh"
 program=$1
 sim_hosts_up 2 10gbit
 
-start_job "2 2" $((35000 + $$ % 1000 * 2)) "$program" halves
-await_job 240
-out=$JOB_OUT
-[[ ${JOB_CODES[*]} == "0 0 0 0" ]] || fail "the ranks' exit codes are ${JOB_CODES[*]} (0 0 0 0 expected)"
-for rank in 0 1 2 3; do
-  log=$(rank_log "$rank")
-  grep -q "^rank=$rank .*world_transport=gloo+shm hierarchical (2 hosts x 2)$" <<<"$log" ||
-    fail "rank $rank's world is not hierarchical"
-  grep -q "^rank=$rank halves_checked=[1-9][0-9]* halves_wrong=0$" <<<"$log" || fail "rank $rank has wrong results"
-  line=$(grep "^rank=$rank halves_link " <<<"$log") || fail "rank $rank did not measure its link"
-  declare -A sent=()
-  for field in ${line#* halves_link }; do sent[${field%=*}]=${field#*=}; done
-  for what in rs ag; do
-    world=${sent[${what}_world]} flat=${sent[${what}_flat]} input=${sent[input]}
-    ((world > 0 && world * 10 <= input * 6)) ||
-      fail "rank $rank: the world's $what sent $world bytes for $input of input (at most 0.6 of it expected)"
-    ((world < flat)) || fail "rank $rank: the world's $what sent $world bytes, no fewer than Gloo alone's $flat"
+port=$((35000 + $$ % 1000 * 2))
+# 1 and 2, with the ranks numbered host by host, then interleaved (JOB_ENV_<R> renumbers them:
+# host 1 runs ranks 0 and 2, host 2 ranks 1 and 3). Log i is the i-th process started.
+for layout in "host by host" interleaved; do
+  [[ $layout == interleaved ]] && export JOB_ENV_1=RANK=2 JOB_ENV_2=RANK=1
+  start_job "2 2" "$port" "$program" halves
+  unset JOB_ENV_1 JOB_ENV_2
+  port=$((port + 4))
+  await_job 240
+  out=$JOB_OUT
+  [[ ${JOB_CODES[*]} == "0 0 0 0" ]] || fail "$layout: the ranks' exit codes are ${JOB_CODES[*]} (0 0 0 0 expected)"
+  for i in 0 1 2 3; do
+    log=$(rank_log "$i")
+    rank=$(grep -o "^rank=[0-9]* host=simhost${JOB_HOST[$i]} " <<<"$log" | grep -o "[0-9]" | head -1) ||
+      fail "$layout: process $i does not say its rank and host simhost${JOB_HOST[$i]}"
+    grep -q "^rank=$rank .*world_transport=gloo+shm hierarchical (2 hosts x 2)$" <<<"$log" ||
+      fail "$layout: rank $rank's world is not hierarchical"
+    grep -q "^rank=$rank halves_checked=[1-9][0-9]* halves_wrong=0$" <<<"$log" || fail "$layout: rank $rank has wrong results"
+    line=$(grep "^rank=$rank halves_link " <<<"$log") || fail "$layout: rank $rank did not measure its link"
+    declare -A sent=()
+    for field in ${line#* halves_link }; do sent[${field%=*}]=${field#*=}; done
+    for what in rs ag; do
+      world=${sent[${what}_world]} flat=${sent[${what}_flat]} input=${sent[input]}
+      ((world > 0 && world * 10 <= input * 6)) ||
+        fail "$layout: rank $rank: the world's $what sent $world bytes for $input of input (at most 0.6 of it expected)"
+      ((world < flat)) || fail "$layout: rank $rank: the world's $what sent $world bytes, no fewer than Gloo alone's $flat"
+    done
+    echo "rank $rank (host ${JOB_HOST[$i]}): $(grep -o 'halves_checked=.*' <<<"$log"); link bytes per host: $line"
   done
-  echo "rank $rank: $(grep -o 'halves_checked=.*' <<<"$log"); link bytes per host: $line"
+  echo "2 hosts x 2 ranks, numbered $layout: reduce_scatter_tensor and all_gather_into_tensor right for every dtype," \
+    "op and size; hierarchical on the link"
 done
-echo "2 hosts x 2 ranks: reduce_scatter_tensor and all_gather_into_tensor right for every dtype, op and size; hierarchical on the link"
 
 # 3. Host 1's ranks reduce-scatter while host 2's all-gather as many bytes: every rank's error names
 #    both collectives across the hosts, within the timeout's 60 s (never paired, never a hang).
-port=$((36000 + $$ % 1000 * 2))
 start_job "2 2" "$port" "$program" forever desync
 await_job 60
 out=$JOB_OUT
