@@ -11,7 +11,7 @@
 //   hierarchical/flat = <ratio>
 // With --phases, then the parts of a step timed apart (time_phases): the computation alone, and one
 // allreduce of the gradients' size over each group. With --halves, instead of training:
-// reduce_scatter_tensor and all_gather_into_tensor of 4 MB and 33.6 MB (float32, the whole
+// reduce_scatter_tensor and all_gather_into_tensor of 4 KB, 4 MB and 33.6 MB (float32, the whole
 // tensor: the reduce-scatter's input, the all-gather's output) over each group (time_halves).
 #include <chrono>
 #include <cstdio>
@@ -150,7 +150,7 @@ void time_phases(const Settings& s, const ddp::ProcessGroupPtr& world, const std
 void time_halves(const Settings& s, const ddp::ProcessGroupPtr& world, const ddp::ProcessGroupPtr& flat) {
   const std::vector<std::pair<std::string, ddp::ProcessGroupPtr>> groups{{"flat", flat}, {"hierarchical", world}};
   const int size = ddp::get_world_size();
-  for (const int64_t bytes : {int64_t{4000000}, int64_t{33600000}}) {
+  for (const int64_t bytes : {int64_t{4096}, int64_t{4000000}, int64_t{33600000}}) {
     const int64_t per_rank = bytes / 4 / size;
     auto whole = torch::ones({per_rank * size}), piece = torch::ones({per_rank});
     std::vector<std::vector<double>> rs_ms(2), ag_ms(2);
@@ -171,8 +171,8 @@ void time_halves(const Settings& s, const ddp::ProcessGroupPtr& world, const ddp
     }
     if (ddp::get_rank() != 0) continue;
     for (const auto& [name, ms] : {std::make_pair("reduce_scatter_tensor", rs_ms), std::make_pair("all_gather_into_tensor", ag_ms)}) {
-      std::printf("halves: %-22s %5.1f MB  flat median %.1f ms (p10 %.1f, p90 %.1f)  hierarchical median %.1f ms "
-                  "(p10 %.1f, p90 %.1f)  hierarchical/flat = %.3f\n", name, bytes / 1e6, median(ms[0]),
+      std::printf("halves: %-22s %6.3f MB  flat median %.2f ms (p10 %.2f, p90 %.2f)  hierarchical median %.2f ms "
+                  "(p10 %.2f, p90 %.2f)  hierarchical/flat = %.3f\n", name, bytes / 1e6, median(ms[0]),
                   quantile(ms[0], 0.1), quantile(ms[0], 0.9), median(ms[1]), quantile(ms[1], 0.1), quantile(ms[1], 0.9),
                   median(ms[1]) / median(ms[0]));
     }
