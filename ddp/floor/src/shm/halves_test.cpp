@@ -1,8 +1,10 @@
 // The shared-memory core's reduce_scatter and allgather (reduce_scatter.cpp, all_gather.cpp),
 // across forked processes like communicator_test.cpp: every dtype and reduction at sizes around
 // the steps' boundaries against the reference computed independently, bit for bit against the
-// allreduce of the same input, in place and not; mismatched collectives named on both ranks; a
-// peer that leaves or never comes named within the bounds.
+// allreduce of the same input, in place, apart (each piece in memory of its own) and not;
+// mismatched collectives named on both ranks; a peer that leaves or never comes named within the
+// bounds.
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -18,10 +20,34 @@ namespace {
 
 using namespace shm_test;
 
+// Each piece in memory of its own, allocated in reverse order: what the forms that take the pieces
+// (reduce_scatter) and the places (allgather) one by one get from a hierarchical reduce-scatter.
+void reduce_scatter_apart(shm::Communicator& comm, const std::vector<unsigned char>& input, std::size_t count, void* out,
+                          const Format& format, shm::Op op) {
+  const std::size_t bytes = count * shm::dtype_size(format.dtype);
+  std::vector<std::vector<unsigned char>> own(comm.size());
+  std::vector<const void*> pieces(comm.size());
+  for (int q = comm.size() - 1; q >= 0; --q) {
+    own[q].assign(input.begin() + q * bytes, input.begin() + (q + 1) * bytes);
+    own[q].resize(std::max<std::size_t>(1, bytes));
+    pieces[q] = own[q].data();
+  }
+  comm.reduce_scatter(pieces, count, out, format.dtype, op);
+}
+
+void allgather_apart(shm::Communicator& comm, const void* in, std::size_t bytes, unsigned char* whole) {
+  std::vector<std::vector<unsigned char>> landed(comm.size(), std::vector<unsigned char>(std::max<std::size_t>(1, bytes)));
+  std::vector<void*> places(comm.size());
+  for (int q = 0; q < comm.size(); ++q) places[q] = landed[q].data();
+  comm.allgather(in, bytes, places);
+  for (int q = 0; q < comm.size(); ++q) std::memcpy(whole + q * bytes, landed[q].data(), bytes);
+}
+
 // Reduce-scatters one test input of world x `count` elements; checks this rank's piece against the
 // reference and against the allreduce of the same input (the same bits), then all-gathers the
 // pieces (checking every piece arrives) and reports the whole result's hash. Odd seeds reduce and
-// gather in place (the output is this rank's piece of the input), even ones into other memory.
+// gather in place (the output is this rank's piece of the input), seeds 2 mod 4 with every piece
+// in memory of its own, the others into other memory.
 std::string check_halves(shm::Communicator& comm, const Format& format, shm::Op op, std::size_t count, std::uint64_t seed,
                          double scale, std::string& hashes) {
   if (scale != 1.0) return "";  // reduce_scatter has no scale
@@ -31,17 +57,26 @@ std::string check_halves(shm::Communicator& comm, const Format& format, shm::Op 
   for (std::size_t i = 0; i < world * count; ++i) make_element(format, op, seed, rank, i, input.data());
   std::vector<unsigned char> allreduced = input;
   comm.allreduce(allreduced.data(), world * count, format.dtype, op);
-  const bool in_place = seed % 2 == 1;
+  const bool in_place = seed % 2 == 1, apart = seed % 4 == 2;
   unsigned char* mine = in_place ? input.data() + rank * bytes : other.data();
-  comm.reduce_scatter(input.data(), count, mine, format.dtype, op);
+  if (apart) {
+    reduce_scatter_apart(comm, input, count, mine, format, op);
+  } else {
+    comm.reduce_scatter(input.data(), count, mine, format.dtype, op);
+  }
 
   const std::string what = std::string(shm::dtype_name(format.dtype)) + " " + shm::op_name(op) + " x " +
-                           std::to_string(count) + " per rank" + (in_place ? ", in place" : "");
+                           std::to_string(count) + " per rank" + (in_place ? ", in place" : "") +
+                           (apart ? ", pieces apart" : "");
   std::vector<unsigned char> whole(std::max<std::size_t>(1, world * bytes));
   std::memcpy(whole.data() + rank * bytes, mine, bytes);
   std::string errors = compare_with_reference(format, op, seed, world, 1.0, whole.data(), rank * count, (rank + 1) * count);
   if (std::memcmp(mine, allreduced.data() + rank * bytes, bytes) != 0) errors += "  not the allreduce's bits\n";
-  comm.allgather(in_place ? whole.data() + rank * bytes : mine, bytes, whole.data());
+  if (apart) {
+    allgather_apart(comm, mine, bytes, whole.data());
+  } else {
+    comm.allgather(in_place ? whole.data() + rank * bytes : mine, bytes, whole.data());
+  }
   if (whole != allreduced && bytes > 0) errors += "  the all-gathered pieces are not the allreduce's result\n";
   hashes += "HASH " + what + " " + std::to_string(fnv1a(whole.data(), world * bytes)) + "\n";
   return errors.empty() ? "" : what + " at " + std::to_string(world) + " ranks:\n" + errors;
