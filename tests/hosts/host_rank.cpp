@@ -338,7 +338,7 @@ int halves() {
   }
   std::cout << "rank=" << rank << " halves_checked=" << count.checked << " halves_wrong=" << count.wrong << std::endl;
   // What crossed the link: 8 MiB of input per rank reduce-scattered, 8 MiB of output gathered.
-  const int64_t total = int64_t{1} << 21;  // float32 elements
+  const int64_t total = (int64_t{1} << 21) / size * size;  // float32 elements, a piece per rank
   auto input = torch::ones({total}), piece = torch::empty({total / size});
   auto gathered = torch::empty({total});
   const auto rs = [&](const ddp::ProcessGroupPtr& group) {
