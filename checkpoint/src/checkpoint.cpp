@@ -577,9 +577,8 @@ void load_optimizer(const std::vector<char>& zip, const std::string& path, const
   }
 }
 
-// The models and optimizers of `contents` from the file, which must have the same layout.
-void load_contents(const std::vector<char>& zip, const std::string& path, const SavedRecord& saved,
-                   const LoadedContents& contents, const LoadOptions& options) {
+// Whether the file holds what `contents` is (one model, or named ones) in a form it loads from.
+void check_layout(const std::string& path, const SavedRecord& saved, const LoadedContents& contents) {
   if (saved.sharded_index) {
     throw CheckpointError("checkpoint " + path + " is sharded (one file per rank beside it, saved with "
                           "CheckpointOptions().full_state_dict(false)): load it into the model sharded by "
@@ -599,6 +598,29 @@ void load_contents(const std::vector<char>& zip, const std::string& path, const 
             : "checkpoint " + path + " holds one unnamed model (saved by save_checkpoint(path, model, &optimizer, "
                   "state)): load it with ddp::load_checkpoint(path, model, &optimizer)");
   }
+  // An optimizer the file has no state for, or state of another type: refused before a model changes.
+  for (const auto& [name, optimizer] : contents.optimizers) {
+    const auto found = std::find_if(saved.optimizers.begin(), saved.optimizers.end(),
+                                    [&name = name](const SavedOptimizer& entry) { return entry.name == name; });
+    if (found == saved.optimizers.end()) {
+      if (contents.layout == Layout::kOneModel) throw CheckpointError("checkpoint " + path + " holds no optimizer state");
+      std::vector<std::string> names;
+      for (const auto& entry : saved.optimizers) names.push_back(entry.name);
+      throw CheckpointError("checkpoint " + path + " holds no optimizer named \"" + name +
+                            "\" (its optimizers: " + joined_names(names) + ")");
+    }
+    if (state_format(found->type) != state_format(optimizer_type(*optimizer))) {
+      throw CheckpointError("checkpoint " + path + " holds " + found->type + " state" +
+                            (contents.layout == Layout::kOneModel ? std::string() : " under \"" + name + "\"") +
+                            ", the optimizer is " + optimizer_type(*optimizer));
+    }
+  }
+}
+
+// The models and optimizers of `contents` from the file, which must have the same layout.
+void load_contents(const std::vector<char>& zip, const std::string& path, const SavedRecord& saved,
+                   const LoadedContents& contents, const LoadOptions& options) {
+  check_layout(path, saved, contents);
   if (contents.layout == Layout::kOneModel) {
     load_state_dict(*contents.models.front().second, parse_state_dict_archive(zip, path, options.map_location()),
                     options.strict(), "checkpoint " + path);
@@ -758,59 +780,154 @@ void save_contents(const std::string& path, const SavedContents& contents, const
   finish_save(path, failure, rank, group);
 }
 
-void restore_rank_state(SavedRecord& saved, const std::string& path, const LoadOptions& options);
+// This rank's states and RNG as the file holds them, read and checked before anything changes: a
+// required state the file lacks, or an entry that cannot be read, fails here.
+struct RankState {
+  std::vector<std::pair<const LoadOptions::StateEntry*, TensorDict>> states;  // in the order of options
+  at::Tensor rng_cpu, rng_cuda;  // undefined: the RNG is not restored
+};
 
-// Not collective: the contents, this rank's states and RNG from the file (already read: `zip`); the
-// training state returned.
-TrainingState load_contents(const std::vector<char>& zip, const std::string& path, const LoadedContents& contents,
-                            const LoadOptions& options) {
-  SavedRecord saved;
-  read_training_record(zip, path, saved);
-  load_contents(zip, path, saved, contents, options);
-  restore_rank_state(saved, path, options);
-  return saved.state;
-}
-
-TrainingState load_contents(const std::string& path, const LoadedContents& contents, const LoadOptions& options) {
-  return load_contents(read_checkpoint_file(path), path, contents, options);
-}
-
-// This rank's states and RNG from the file's training record (`path` names it in errors).
-void restore_rank_state(SavedRecord& saved, const std::string& path, const LoadOptions& options) {
+RankState read_rank_state(SavedRecord& saved, const std::string& path, const LoadOptions& options) {
   const ProcessGroupPtr group = resolve_group(options.group());
   const int rank = group ? group->getRank() : 0;
+  RankState read;
+  std::vector<std::string> missing;
+  for (const auto& entry : options.states()) {
+    if (entry.required && std::find(saved.state_names.begin(), saved.state_names.end(), entry.name) ==
+                              saved.state_names.end()) {
+      missing.push_back("\"" + entry.name + "\"");
+    }
+  }
+  if (!missing.empty()) {
+    throw CheckpointError("checkpoint " + path + " holds no state named " + joined_names(missing) + " (it holds: " +
+                          joined_names(saved.state_names) + "); save it with CheckpointOptions().state(\"" +
+                          missing.front().substr(1, missing.front().size() - 2) + "\", ...)");
+  }
   for (const auto& entry : options.states()) {
     const auto found = std::find(saved.state_names.begin(), saved.state_names.end(), entry.name);
-    if (found == saved.state_names.end()) {
-      if (!entry.required) continue;
-      throw CheckpointError("checkpoint " + path + " holds no state named \"" + entry.name + "\" (it holds: " +
-                            joined_names(saved.state_names) + "); save it with CheckpointOptions().state(\"" +
-                            entry.name + "\", ...)");
-    }
+    if (found == saved.state_names.end()) continue;  // optional, and not saved
     // A rank the saving world did not have takes rank 0's snapshot.
     const size_t from_rank = rank < saved.state_ranks ? rank : 0;
     at::Tensor bytes;
     try {
       saved.archive.read(state_key(found - saved.state_names.begin(), from_rank), bytes, /*is_buffer=*/true);
-      entry.state->load_state_dict(unpickled(bytes));
+      read.states.emplace_back(&entry, unpickled(bytes));
     } catch (const std::exception& error) {
       throw CheckpointError("cannot restore the state \"" + entry.name + "\" from " + path + ": " + error_line(error));
     }
   }
-
-  if (options.restore_rng()) {
-    if (rank < saved.rng_ranks) {
-      try {
-        at::Tensor cpu_state, cuda_state;
-        saved.archive.read("rng_cpu_" + std::to_string(rank), cpu_state, /*is_buffer=*/true);
-        saved.archive.read("rng_cuda_" + std::to_string(rank), cuda_state, /*is_buffer=*/true);
-        restore_rng_state(cpu_state, cuda_state);
-      } catch (const std::exception& error) {
-        throw CheckpointError("cannot restore the RNG state of rank " + std::to_string(rank) + " from " + path + ": " +
-                              error_line(error));
-      }
+  if (options.restore_rng() && rank < saved.rng_ranks) {
+    try {
+      saved.archive.read("rng_cpu_" + std::to_string(rank), read.rng_cpu, /*is_buffer=*/true);
+      saved.archive.read("rng_cuda_" + std::to_string(rank), read.rng_cuda, /*is_buffer=*/true);
+    } catch (const std::exception& error) {
+      throw CheckpointError("cannot restore the RNG state of rank " + std::to_string(rank) + " from " + path + ": " +
+                            error_line(error));
     }
   }
+  return read;
+}
+
+// The states a load changed, as they were: put back when a later step of the load fails.
+class StatesBefore {
+ public:
+  void keep(Stateful* state) { before_.emplace_back(state, state->state_dict()); }
+  void restore() noexcept {
+    for (auto it = before_.rbegin(); it != before_.rend(); ++it) {
+      try {
+        it->first->load_state_dict(it->second);
+      } catch (...) {
+        // Its own snapshot: nothing better to put back.
+      }
+    }
+    before_.clear();
+  }
+
+ private:
+  std::vector<std::pair<Stateful*, TensorDict>> before_;
+};
+
+// Every state or none: one whose saved entry its load_state_dict refuses (a field missing) puts
+// back those loaded before it, and itself.
+StatesBefore apply_states(const RankState& read, const std::string& path) {
+  StatesBefore before;
+  for (const auto& [entry, dict] : read.states) {
+    before.keep(entry->state);
+    try {
+      entry->state->load_state_dict(dict);
+    } catch (const std::exception& error) {
+      before.restore();
+      throw CheckpointError("cannot restore the state \"" + entry->name + "\" from " + path + ": " + error_line(error) +
+                            "; no state was changed: load another checkpoint, or one saved with a complete \"" +
+                            entry->name + "\"");
+    }
+  }
+  return before;
+}
+
+void apply_rng(const RankState& read) {
+  if (read.rng_cpu.defined()) restore_rng_state(read.rng_cpu, read.rng_cuda);
+}
+
+// The optimizer's per-parameter state and its groups' options as they were, put back bitwise when
+// a load fails after changing them (a fresh optimizer comes back with no state).
+class OptimizerBefore {
+ public:
+  explicit OptimizerBefore(torch::optim::Optimizer* optimizer) : optimizer_(optimizer) {
+    if (optimizer_ == nullptr) return;
+    for (const auto& [key, state] : optimizer_->state()) {
+      auto copy = state->clone();
+      // Cloned: a load must not reach these through shared tensors.
+      detail::for_each_state_tensor(*copy, [](at::Tensor& tensor) {
+        if (tensor.defined()) tensor = tensor.clone();
+      });
+      states_.emplace_back(key, std::move(copy));
+    }
+    for (const auto& group : optimizer_->param_groups()) options_.push_back(group.options().clone());
+  }
+  void restore() {
+    if (optimizer_ == nullptr) return;
+    auto& states = optimizer_->state();
+    states.clear();
+    for (const auto& [key, state] : states_) states[key] = state->clone();
+    auto& groups = optimizer_->param_groups();
+    for (size_t i = 0; i < groups.size() && i < options_.size(); ++i) groups[i].set_options(options_[i]->clone());
+  }
+
+ private:
+  using Key = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state().begin()->first)>;
+  torch::optim::Optimizer* optimizer_;
+  std::vector<std::pair<Key, std::unique_ptr<torch::optim::OptimizerParamState>>> states_;
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options_;
+};
+
+// Not collective: the contents, this rank's states and RNG from the file (already read: `zip`); the
+// training state returned. Everything that can be checked without changing anything is checked
+// first; a model or optimizer the file does not fit leaves the states as they were.
+TrainingState load_contents(const std::vector<char>& zip, const std::string& path, const LoadedContents& contents,
+                            const LoadOptions& options, SavedRecord& saved, const RankState& read) {
+  StatesBefore states = apply_states(read, path);
+  try {
+    load_contents(zip, path, saved, contents, options);
+  } catch (...) {
+    states.restore();
+    throw;
+  }
+  apply_rng(read);
+  return saved.state;
+}
+
+TrainingState load_contents(const std::vector<char>& zip, const std::string& path, const LoadedContents& contents,
+                            const LoadOptions& options) {
+  SavedRecord saved;
+  read_training_record(zip, path, saved);
+  check_layout(path, saved, contents);
+  const RankState read = read_rank_state(saved, path, options);
+  return load_contents(zip, path, contents, options, saved, read);
+}
+
+TrainingState load_contents(const std::string& path, const LoadedContents& contents, const LoadOptions& options) {
+  return load_contents(read_checkpoint_file(path), path, contents, options);
 }
 
 LoadedContents one_model(torch::nn::Module& module, torch::optim::Optimizer* optimizer) {
@@ -1097,7 +1214,8 @@ void require_every_rank_read(const ShardedState& sharded, const std::string& pat
   if (lines.empty()) return;
   throw CheckpointError("checkpoint " + path + " was not loaded: not every rank could read " + what + ":" + lines +
                         "\nNo rank's model or optimizer was changed. Every rank reads the checkpoint: put it where "
-                        "every rank sees it whole (a directory they share), or load another checkpoint");
+                        "every rank sees it whole (a directory they share), or load another checkpoint (one that "
+                        "holds every state the load requires)");
 }
 
 // One rank's file of a sharded checkpoint, read and checked against the index.
@@ -1221,9 +1339,12 @@ TrainingState load_sharded(const std::string& path, const SavedRecord& index_rec
     throw CheckpointError("checkpoint " + path + " does not match the model:\n  shape mismatch: " + joined_names(wrong_shape));
   }
   std::vector<std::unique_ptr<RankFile>> files;
+  RankState read;
   std::string failure;
   try {
     files = read_needed_files(path, index, rank, needs, options);
+    // This rank's states and RNG from its own file (rank 0's for a rank the saving world did not have).
+    read = read_rank_state(files.front()->saved, files.front()->path, options);
   } catch (const std::exception& error) {
     failure = error_line(error);
   }
@@ -1233,26 +1354,25 @@ TrainingState load_sharded(const std::string& path, const SavedRecord& index_rec
     const size_t k = static_cast<size_t>(rank * count) + need.saved;
     same_layout = same_layout && index.first_rows[k] == need.shard->first_row && index.rows[k] == need.shard->rows;
   }
-  // At another layout every needed file's optimizer state is loaded in turn to cut its rows from:
-  // the optimizer as it was comes back when a file fails.
-  std::string optimizer_before;
-  if (optimizer != nullptr && !same_layout) {
-    torch::serialize::OutputArchive archive;
-    optimizer->save(archive);
-    optimizer_before = bytes_of(archive);
-  }
-  std::unique_ptr<RankFile> home_file;
+  // What a load that fails after changing anything puts back: the shards and the optimizer as they
+  // were (at another layout every needed file's optimizer state is loaded in turn to cut its rows from).
+  OptimizerBefore optimizer_before(optimizer);
+  std::vector<at::Tensor> shards_before;
+  for (const auto& shard : shards) shards_before.push_back(shard.tensor.detach().clone());
+  std::vector<at::Tensor> buffers = module.buffers(), buffers_before;
+  for (const auto& buffer : buffers) buffers_before.push_back(buffer.detach().clone());
+  StatesBefore states = apply_states(read, files.front()->path);
   try {
-    home_file = assemble_shards(path, index_record, module, optimizer, options, needs, same_layout, std::move(files));
+    assemble_shards(path, index_record, module, optimizer, options, needs, same_layout, std::move(files));
   } catch (...) {
-    if (!optimizer_before.empty()) {
-      torch::serialize::InputArchive archive;
-      archive.load_from(optimizer_before.data(), optimizer_before.size());
-      optimizer->load(archive);
-    }
+    states.restore();
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < shards.size(); ++i) shards[i].tensor.detach().copy_(shards_before[i]);
+    for (size_t i = 0; i < buffers.size(); ++i) buffers[i].detach().copy_(buffers_before[i]);
+    optimizer_before.restore();
     throw;
   }
-  restore_rank_state(home_file->saved, home_file->path, options);
+  apply_rng(read);
   return index_record.state;
 }
 
@@ -1451,19 +1571,33 @@ TrainingState load_model_checkpoint(const std::string& path, torch::nn::Module& 
   // before any gathers (a rank that could not would leave the others waiting in the gather).
   std::vector<char> zip;
   SavedRecord saved;
+  RankState read;
   std::string failure;
   try {
     zip = read_checkpoint_file(path);
     read_training_record(zip, path, saved);
+    // A full checkpoint's states and RNG, checked before the gather; a sharded one's are in the rank files.
+    if (!saved.sharded_index) {
+      check_layout(path, saved, one_model(module, optimizer));
+      read = read_rank_state(saved, path, options);
+    }
   } catch (const std::exception& error) {
     failure = error_line(error);
   }
   require_every_rank_read(*sharded, path, "it", failure);
   if (saved.sharded_index) return load_sharded(path, saved, module, *sharded, optimizer, options);
-  WholeWhileAlive whole(sharded, optimizer);
-  TrainingState loaded = load_contents(zip, path, one_model(module, optimizer), options);
-  whole.keep();
-  return loaded;
+  // The optimizer as it was: a failed load's shard_again puts back the shards it gathered, but not
+  // state the load created (a fresh optimizer's) or replaced.
+  OptimizerBefore optimizer_before(optimizer);
+  try {
+    WholeWhileAlive whole(sharded, optimizer);
+    TrainingState loaded = load_contents(zip, path, one_model(module, optimizer), options, saved, read);
+    whole.keep();
+    return loaded;
+  } catch (...) {
+    optimizer_before.restore();  // after `whole` put the shards back
+    throw;
+  }
 }
 
 Restored load_model_checkpoint_if_exists(const std::string& path_or_dir, torch::nn::Module& module,

@@ -15,6 +15,7 @@
 #include <ddp/checkpoint.h>
 
 #include "error_of.h"
+#include "resealed.h"
 #include "models.h"
 #include "multiprocess.h"
 
@@ -200,37 +201,7 @@ TEST_F(Corruption, NonFilesAndForeignFilesAreNamedAsSuch) {
 // buffer. Now each is a CheckpointError saying where the file is wrong.
 namespace resealed {
 
-// `zip` with record `path` ("ddp_optimizer_state/code/__torch__.py": a record inside a record)
-// passed through `edit`; the writer adds its own version records.
-std::vector<char> rewrite(const std::vector<char>& zip, const std::string& path,
-                          const std::function<void(std::string&)>& edit) {
-  caffe2::serialize::PyTorchStreamReader reader(
-      std::make_shared<caffe2::serialize::MemoryReadAdapter>(zip.data(), static_cast<off_t>(zip.size())));
-  std::vector<char> out;
-  caffe2::serialize::PyTorchStreamWriter writer([&](const void* bytes, size_t n) {
-    out.insert(out.end(), static_cast<const char*>(bytes), static_cast<const char*>(bytes) + n);
-    return n;
-  });
-  // Our records ("ddp_...") are archives themselves: "ddp_x/y" is record y inside record ddp_x.
-  const bool nested = path.rfind("ddp_", 0) == 0 && path.find('/') != std::string::npos;
-  const std::string head = nested ? path.substr(0, path.find('/')) : path;
-  bool found = false;
-  for (const auto& name : reader.getAllRecords()) {
-    if (name == "version" || name == ".data/version" || name == ".data/serialization_id" || name == "byteorder") continue;
-    auto [data, size] = reader.getRecord(name);
-    std::string content(static_cast<const char*>(data.get()), size);
-    if (name == head && !nested) edit(content);
-    if (name == head && nested) {
-      const auto inner = rewrite(std::vector<char>(content.begin(), content.end()), path.substr(head.size() + 1), edit);
-      content.assign(inner.begin(), inner.end());
-    }
-    found = found || name == head;
-    writer.writeRecord(name, content.data(), content.size());
-  }
-  writer.writeEndOfFile();
-  EXPECT_TRUE(found) << "no record " << path;
-  return out;
-}
+using ckpt_test::resealed::rewrite;
 
 void replace(std::string& text, const std::string& from, const std::string& to) {
   const auto at = text.find(from);

@@ -644,6 +644,77 @@ TEST(FullyShard, AFullCheckpointOneRankCannotReadFailsOnEveryRankAndChangesNothi
   }
 }
 
+// A state a load requires (as a GradScaler would be), which the checkpoint below was saved without.
+class RequiredCounter final : public ddp::Stateful {
+ public:
+  ddp::TensorDict state_dict() const override { return {{"count", torch::tensor(count)}}; }
+  void load_state_dict(const ddp::TensorDict& state) override { count = state.at("count").item<int64_t>(); }
+  int64_t count = 0;
+};
+
+// At W=2, a checkpoint (FORMAT=full: one file; sharded: full_state_dict(false)) loaded with
+// LoadOptions().state() naming a state it lacks: every rank throws naming it, into a fresh model
+// with a fresh Adam (no state) and into a model that trained on past the checkpoint; the shards and
+// the optimizer state are bitwise as they were ("no state" included). Then the load without it
+// resumes, and three more steps equal a straight run of six.
+DDP_WORKER(fsdp_required_state_missing) {
+  worker_init();
+  const int rank = ddp::get_rank();
+  const bool full = std::string(std::getenv("FORMAT")) == "full";
+  const std::string path = shared_dir() + "/lacking.pt";
+  torch::manual_seed(21);
+  ShardNet saved_net(7), straight_net(7);
+  copy_parameters(*saved_net, *straight_net);
+  auto saved = shard_net(saved_net);
+  torch::optim::Adam saved_optimizer(saved_net->parameters(), 0.01);
+  train_steps(saved, saved_optimizer, 0, 3);
+  ddp::save_checkpoint(path, saved, &saved_optimizer, ddp::TrainingState{0, 3},
+                       ddp::CheckpointOptions().full_state_dict(full));
+  torch::manual_seed(5);  // other values than the file's: a load would change them
+  ShardNet fresh_net(7);
+  auto fresh = shard_net(fresh_net);
+  torch::optim::Adam fresh_optimizer(fresh_net->parameters(), 0.01);
+  RequiredCounter counter;
+  counter.count = 41;
+  auto refused = [&](ShardNet& net, ddp::FSDPModule<ShardNetImpl>& model, torch::optim::Adam& optimizer,
+                     const std::string& what) {
+    const LocalState before = local_state(net, optimizer);
+    std::string message;
+    try {
+      ddp::load_checkpoint(path, model, &optimizer, ddp::LoadOptions().state("scaler", &counter));
+    } catch (const ddp::CheckpointError& error) {
+      message = error.what();
+    }
+    require(!message.empty(), "rank " + std::to_string(rank) + ": " + what + " loaded without the state it requires");
+    require_unchanged(before, local_state(net, optimizer), what);
+    require(counter.count == 41, what + " changed the state it could not restore");
+    require_mentions(message, "holds no state named \"scaler\"", what);
+    for (const int r : {0, 1}) {
+      require_mentions(message, "rank " + std::to_string(r) + ": ", what + ", on rank " + std::to_string(rank));
+    }
+  };
+  refused(fresh_net, fresh, fresh_optimizer, "a load into a fresh model and optimizer");
+  require(fresh_optimizer.state().empty(), "the failed load left optimizer state in a fresh Adam");
+  train_steps(saved, saved_optimizer, 3, 4);
+  refused(saved_net, saved, saved_optimizer, "a load into a model trained past the checkpoint");
+  require(ddp::load_checkpoint(path, fresh, &fresh_optimizer).global_step == 3, "the good load did not resume");
+  train_steps(fresh, fresh_optimizer, 3, 6);
+  auto straight = shard_net(straight_net);
+  torch::optim::Adam straight_optimizer(straight_net->parameters(), 0.01);
+  train_steps(straight, straight_optimizer, 0, 6);
+  const double worst = largest_difference(fresh, straight);
+  require(worst == 0, "resumed after the failed loads: differs from a straight run by " + std::to_string(worst));
+}
+TEST(FullyShard, ALoadLackingARequiredStateFailsOnEveryRankAndChangesNothing) {
+  for (const std::string format : {"full", "sharded"}) {
+    RunOptions options;
+    options.shared_dir = make_temp_dir("fsdp-required-state");
+    options.env["FORMAT"] = format;
+    EXPECT_WORKERS_OK(run_workers("fsdp_required_state_missing", 2, options));
+    remove_tree(options.shared_dir);
+  }
+}
+
 // A full save into the path of a sharded checkpoint (W=2) removes that checkpoint's two rank files,
 // and only once the full file is in place: a save that fails leaves the sharded checkpoint whole.
 // Files it does not own stay: another world size's rank file, a rank past the index's world, a

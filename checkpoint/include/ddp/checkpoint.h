@@ -27,7 +27,8 @@
 // CheckpointOptions().full_state_dict(false) it is saved sharded instead, nothing gathered: one
 // file per rank beside `path`, loaded by the same load_checkpoint call at any world size. Either
 // load first learns whether every rank of the model read what it needs: if one could not, every
-// rank throws, naming it and why, and no rank's model or optimizer has changed.
+// rank throws, naming it and why, and no rank's model or optimizer has changed. A load that fails
+// after it changed them (on one rank) puts back that rank's shards, buffers and optimizer state.
 //
 // One file: a PyTorch zip archive whose root object is the model's plain state_dict (Python:
 // torch.load(path) returns it, tensors on CPU), or for named models {name: state_dict} (Python:
@@ -157,7 +158,10 @@ void save_checkpoint(const std::string& path, const torch::nn::Module& module,
 // Refused with a CheckpointError naming the file (and the tensor or parameter): a model state
 // holding NaN or an infinity, an optimizer state that does (or whose tensors are not shaped like
 // their parameters: LibTorch would fail only at the next step()), and any file that is no sound
-// checkpoint (checkpoint_file.h), before LibTorch reads it.
+// checkpoint (checkpoint_file.h), before LibTorch reads it. The states (LoadOptions::state, named
+// entries) are read and checked before anything changes and restored all or none: a required one
+// the file lacks, one that cannot be read, or one its load_state_dict refuses (a field missing)
+// leaves the model, the optimizer and every state as they were.
 TrainingState load_checkpoint(const std::string& path, torch::nn::Module& module,
                               torch::optim::Optimizer* optimizer, const LoadOptions& options = {});
 
