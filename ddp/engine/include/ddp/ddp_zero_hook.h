@@ -16,8 +16,9 @@
 // Per bucket b of a backward pass, on DDP's hook thread, in bucket order:
 //   1. the wrapped hook (`hook`, usually hooks::allreduce()) averages the bucket
 //   2. the owner of bucket b (rank b % W) steps the bucket's parameters with that average
-//      (hook_with_zero_step_interleaved: right away; hook_with_zero_step: at the last bucket, all
-//      owned buckets in order, so the steps do not compete with backward's computation)
+//      (hook_with_zero_step_interleaved: right away; hook_with_zero_step: once the last bucket is
+//      averaged, all owned buckets in order, so the steps compete neither with backward's
+//      computation nor with the last bucket's allreduce)
 //   3. every rank takes part in the broadcast of bucket b's parameters from the owner
 //   4. at the last bucket, every broadcast is waited on: backward returns with every rank's
 //      parameters updated, as after DDP + the plain optimizer's step()
