@@ -9,8 +9,8 @@ if [[ ! -f $cuda/include/nccl.h || ! -f $cuda/include/cuda_runtime_api.h ]]; the
   echo "SKIP: no CUDA toolkit with nccl.h at $cuda (set CUDA_HOME); the NCCL code paths are not compiled here"
   exit 77
 fi
-includes=(-I"$src/tests/compile/shim" -I"$src/include" -I"$src/ddp/floor/include" -I"$src/ddp/floor/src"
-          -I"$src/ddp/internal" -I"$build/generated")
+# The repository root: the library names its private headers by their path from it.
+includes=(-I"$src/tests/compile/shim" -I"$src/include" -I"$src/ddp/floor/include" -I"$src" -I"$build/generated")
 IFS=: read -ra dirs <<<"$torch_includes"
 for dir in "${dirs[@]}"; do
   [[ -n $dir ]] && dir=$(realpath -m "$dir")  # /usr/lib/../include is /usr/include

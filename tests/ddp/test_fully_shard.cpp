@@ -749,7 +749,7 @@ DDP_WORKER(fsdp_full_save_over_sharded) {
   for (const std::string& file : owned) require(std::filesystem::exists(file), "a failed full save removed " + file);
   require(ddp::load_checkpoint(path, model, &optimizer).global_step == 2,
           "the sharded checkpoint did not survive a failed full save into its path");
-  if (rank == 0) std::filesystem::remove_all(blocked);
+  if (rank == 0) remove_tree(blocked);
   ddp::barrier();
   train_steps(model, optimizer, 2, 3);
   ddp::save_checkpoint(path, model, &optimizer, ddp::TrainingState{0, 3});
