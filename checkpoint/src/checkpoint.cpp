@@ -577,6 +577,19 @@ void load_optimizer(const std::vector<char>& zip, const std::string& path, const
   }
 }
 
+// The file's entry for the optimizer called `name`; a CheckpointError naming what it holds if none.
+std::vector<SavedOptimizer>::const_iterator saved_optimizer(const std::string& path, const SavedRecord& saved,
+                                                            Layout layout, const std::string& name) {
+  const auto found = std::find_if(saved.optimizers.begin(), saved.optimizers.end(),
+                                  [&](const SavedOptimizer& entry) { return entry.name == name; });
+  if (found != saved.optimizers.end()) return found;
+  if (layout == Layout::kOneModel) throw CheckpointError("checkpoint " + path + " holds no optimizer state");
+  std::vector<std::string> names;
+  for (const auto& entry : saved.optimizers) names.push_back(entry.name);
+  throw CheckpointError("checkpoint " + path + " holds no optimizer named \"" + name + "\" (its optimizers: " +
+                        joined_names(names) + ")");
+}
+
 // Whether the file holds what `contents` is (one model, or named ones) in a form it loads from.
 void check_layout(const std::string& path, const SavedRecord& saved, const LoadedContents& contents) {
   if (saved.sharded_index) {
@@ -600,15 +613,7 @@ void check_layout(const std::string& path, const SavedRecord& saved, const Loade
   }
   // An optimizer the file has no state for, or state of another type: refused before a model changes.
   for (const auto& [name, optimizer] : contents.optimizers) {
-    const auto found = std::find_if(saved.optimizers.begin(), saved.optimizers.end(),
-                                    [&name = name](const SavedOptimizer& entry) { return entry.name == name; });
-    if (found == saved.optimizers.end()) {
-      if (contents.layout == Layout::kOneModel) throw CheckpointError("checkpoint " + path + " holds no optimizer state");
-      std::vector<std::string> names;
-      for (const auto& entry : saved.optimizers) names.push_back(entry.name);
-      throw CheckpointError("checkpoint " + path + " holds no optimizer named \"" + name +
-                            "\" (its optimizers: " + joined_names(names) + ")");
-    }
+    const auto found = saved_optimizer(path, saved, contents.layout, name);
     if (state_format(found->type) != state_format(optimizer_type(*optimizer))) {
       throw CheckpointError("checkpoint " + path + " holds " + found->type + " state" +
                             (contents.layout == Layout::kOneModel ? std::string() : " under \"" + name + "\"") +
@@ -642,15 +647,7 @@ void load_contents(const std::vector<char>& zip, const std::string& path, const 
   for (const auto& named_optimizer : contents.optimizers) {
     const std::string& name = named_optimizer.first;
     const auto& optimizer = named_optimizer.second;
-    auto found = std::find_if(saved.optimizers.begin(), saved.optimizers.end(),
-                              [&](const SavedOptimizer& entry) { return entry.name == name; });
-    if (found == saved.optimizers.end()) {
-      if (contents.layout == Layout::kOneModel) throw CheckpointError("checkpoint " + path + " holds no optimizer state");
-      std::vector<std::string> names;
-      for (const auto& entry : saved.optimizers) names.push_back(entry.name);
-      throw CheckpointError("checkpoint " + path + " holds no optimizer named \"" + name +
-                            "\" (its optimizers: " + joined_names(names) + ")");
-    }
+    const auto found = saved_optimizer(path, saved, contents.layout, name);
     const size_t index = found - saved.optimizers.begin();
     load_optimizer(zip, path, *found, optimizer_record(contents.layout, index),
                    contents.layout == Layout::kOneModel ? "" : " under \"" + name + "\"", *optimizer, options, name_of);
