@@ -12,10 +12,6 @@
 #include "ddp/floor/src/shm/algorithms.h"
 #include "ddp/floor/src/shm/steps.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 namespace ddp::detail::shm::algorithm {
 namespace {
 
@@ -39,38 +35,13 @@ void stage_pieces(Peers& peers, const unsigned char* in, const std::vector<Piece
   }
 }
 
-// `n` bytes into the caller's output with stores that bypass the cache (x86: no read of the
-// destination's lines first, which a large output - written once, read later - would only evict
-// again): about a third less memory traffic for the copy. Plain copy_bytes for a piece that fits
-// in cache (its reader finds it there), and elsewhere.
+// `n` bytes of a piece of `piece_bytes` into the caller's output: streamed past the cache
+// (stream_bytes) for a large piece - written once, read later, it would only evict what comes
+// next - and copied plainly for one that fits in cache (its reader finds it there).
 constexpr std::size_t kStreamPieceBytes = std::size_t{1} << 20;
 void copy_to_output(unsigned char* dst, const unsigned char* src, std::size_t n, std::size_t piece_bytes) {
-  if (piece_bytes < kStreamPieceBytes) {
-    copy_bytes(dst, src, n);
-    return;
-  }
-#if defined(__x86_64__)
-  std::size_t i = 0;
-  const std::size_t misalignment = reinterpret_cast<std::uintptr_t>(dst) % 16;
-  if (misalignment != 0) {
-    i = std::min(n, 16 - misalignment);
-    std::memcpy(dst, src, i);
-  }
-  for (; i + 64 <= n; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-  }
-  std::memcpy(dst + i, src + i, n - i);
-  _mm_sfence();  // the streamed stores are ordered before this rank's next post
-#else
-  copy_bytes(dst, src, n);
-#endif
+  if (piece_bytes < kStreamPieceBytes) return copy_bytes(dst, src, n);
+  stream_bytes(dst, src, n);
 }
 
 // The same bytes of each peer's piece for this rank, out of the peer's slot into their place.
@@ -114,7 +85,7 @@ void copy_own_piece(int rank, const unsigned char* in, const std::vector<Piece>&
   if (rank < 0) return;  // the caller copies it
   const std::size_t bytes = std::min(sends[rank].bytes, receives[rank].bytes);
   if (first >= bytes) return;
-  std::memmove(out + receives[rank].offset + first, in + sends[rank].offset + first, std::min(n, bytes - first));
+  copy_to_output(out + receives[rank].offset + first, in + sends[rank].offset + first, std::min(n, bytes - first), bytes);
 }
 
 }  // namespace

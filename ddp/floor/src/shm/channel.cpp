@@ -81,6 +81,7 @@ c10::intrusive_ptr<c10d::Work> Channel::shared_sum(std::shared_ptr<SharedArray>,
 #include "ddp/floor/src/shm/host_layout.h"
 #include "ddp/floor/src/shm/mailbox.h"
 #include "ddp/floor/src/shm/peers.h"
+#include "ddp/floor/src/shm/reduce_kernels.h"
 
 namespace ddp::detail::shm {
 namespace {
@@ -574,7 +575,7 @@ c10::intrusive_ptr<c10d::Work> Channel::all_to_all(at::Tensor& output, at::Tenso
   const int rank = communicator_->rank();
   const std::size_t own = std::min(sends[rank].bytes, receives[rank].bytes);  // all_to_all names sizes that differ
   if (own > 0) {
-    std::memmove(static_cast<unsigned char*>(output.data_ptr()) + receives[rank].offset,
+    stream_bytes(static_cast<unsigned char*>(output.data_ptr()) + receives[rank].offset,
                  static_cast<const unsigned char*>(input.data_ptr()) + sends[rank].offset, own);
   }
   own_copied->set_value();

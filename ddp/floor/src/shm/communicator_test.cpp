@@ -211,6 +211,29 @@ TEST(ShmKernels, DestinationMayBeASourceAndNanPropagates) {
   EXPECT_THROW(shm::reduce_into(out, pair, 2, 3, shm::DType::kInt32, shm::Op::kAvg), std::invalid_argument);
 }
 
+// Both copies move exactly the bytes asked for, whatever the alignment of either end and the size
+// (the streamed one aligns its stores by copying a head first, and copies a tail of under 64 bytes
+// plainly), and touch nothing around them.
+TEST(ShmKernels, CopiesMoveExactlyTheirBytesAtEveryAlignment) {
+  std::vector<unsigned char> source(5000), target(5000);
+  for (std::size_t i = 0; i < source.size(); ++i) source[i] = static_cast<unsigned char>(i * 7 + 3);
+  for (const bool streamed : {false, true}) {
+    for (std::size_t from = 0; from < 40; from += 3) {
+      for (std::size_t to = 0; to < 40; to += 5) {
+        for (const std::size_t bytes : {0, 1, 15, 31, 63, 64, 65, 127, 200, 4000}) {
+          std::fill(target.begin(), target.end(), 0xAB);
+          (streamed ? shm::stream_bytes : shm::copy_bytes)(target.data() + to, source.data() + from, bytes);
+          for (std::size_t i = 0; i < target.size(); ++i) {
+            const bool inside = i >= to && i < to + bytes;
+            ASSERT_EQ(target[i], inside ? source[from + i - to] : 0xAB)
+                << (streamed ? "stream_bytes" : "copy_bytes") << " from +" << from << " to +" << to << ", " << bytes << " bytes, at " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 // ---- Segments ---------------------------------------------------------------------------------
 
 TEST(ShmSegment, ErrorsNameTheObjectAndTheReason) {

@@ -12,6 +12,7 @@
 #include "ddp/floor/src/shm/reduce_kernels.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -108,6 +109,38 @@ __attribute__((target("avx"))) void copy_avx(unsigned char* dst, const unsigned 
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
   }
   std::memcpy(dst + i, src + i, bytes - i);
+}
+
+// The same moves, stored past the cache: the destination's lines are not read first (a plain
+// store fetches each line before it writes it). A head of up to one vector is copied plainly so
+// that the streamed stores are aligned, as they must be.
+void stream_sse2(unsigned char* dst, const unsigned char* src, std::size_t bytes) {
+  std::size_t i = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16);
+  std::memcpy(dst, src, i);
+  for (; i + 64 <= bytes; i += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+  }
+  std::memcpy(dst + i, src + i, bytes - i);
+  _mm_sfence();  // the streamed stores are visible before anything this thread does next
+}
+__attribute__((target("avx"))) void stream_avx(unsigned char* dst, const unsigned char* src, std::size_t bytes) {
+  std::size_t i = std::min(bytes, (32 - reinterpret_cast<std::uintptr_t>(dst) % 32) % 32);
+  std::memcpy(dst, src, i);
+  for (; i + 64 <= bytes; i += 64) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), a);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
+  }
+  std::memcpy(dst + i, src + i, bytes - i);
+  _mm_sfence();
 }
 #endif
 
@@ -257,6 +290,17 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes) {
   const auto* in = static_cast<const unsigned char*>(src);
   if (kCpu.avx) return copy_avx(out, in, bytes);
   return copy_sse2(out, in, bytes);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+void stream_bytes(void* dst, const void* src, std::size_t bytes) {
+#ifdef DDP_SHM_X86_DISPATCH
+  auto* out = static_cast<unsigned char*>(dst);
+  const auto* in = static_cast<const unsigned char*>(src);
+  if (kCpu.avx) return stream_avx(out, in, bytes);
+  return stream_sse2(out, in, bytes);
 #else
   std::memcpy(dst, src, bytes);
 #endif
