@@ -25,6 +25,7 @@
 #include "checkpoint/src/directory_lock.h"
 #include "checkpoint/src/error_line.h"
 #include "checkpoint/src/optimizer_placement.h"
+#include "checkpoint/src/state_dict_match.h"
 #include "ddp/internal/compat/optimizer_state.h"
 #include "checkpoint/src/tensor_check.h"
 
@@ -528,11 +529,13 @@ ParameterNames parameter_names(const LoadedContents& contents) {
   };
 }
 
-// Loads the optimizer state saved as `saved` (record `record`) into `optimizer`. `where` is "" for
-// a single-model file, " under \"<name>\"" for a named one.
-void load_optimizer(const std::vector<char>& zip, const std::string& path, const SavedOptimizer& saved,
-                    const std::string& record, const std::string& where, torch::optim::Optimizer& optimizer,
-                    const LoadOptions& options, const ParameterNames& name_of, bool check_fits = true) {
+// The optimizer state saved as `saved` (record `record`) for `optimizer`, read and checked as far
+// as it can be without loading it: its type, a record that reads, a device map_location gives. `where`
+// is "" for a single-model file, " under \"<name>\"" for a named one.
+torch::serialize::InputArchive read_optimizer(const std::vector<char>& zip, const std::string& path,
+                                              const SavedOptimizer& saved, const std::string& record,
+                                              const std::string& where, const torch::optim::Optimizer& optimizer,
+                                              const LoadOptions& options) {
   if (state_format(saved.type) != state_format(optimizer_type(optimizer))) {
     throw CheckpointError("checkpoint " + path + " holds " + saved.type + " state" + where + ", the optimizer is " +
                           optimizer_type(optimizer));
@@ -552,10 +555,21 @@ void load_optimizer(const std::vector<char>& zip, const std::string& path, const
     throw CheckpointError("cannot place the optimizer state" + where + " from " + path + " (saved on " + saved.device +
                           ") where map_location puts it: " + error_line(error));
   }
+  torch::serialize::InputArchive archive;
   try {
-    torch::serialize::InputArchive optimizer_archive;
-    optimizer_archive.load_from(checked.data(), checked.size(), device);
-    optimizer.load(optimizer_archive);
+    archive.load_from(checked.data(), checked.size(), device);
+  } catch (const std::exception& error) {
+    throw CheckpointError("cannot read the optimizer state" + where + " in " + path + ": " + error_line(error));
+  }
+  return archive;
+}
+
+// Loads `archive` (read_optimizer's) into `optimizer`, which LibTorch alone knows how to read: what
+// does not fit the optimizer, or its parameters, is found only here, with the optimizer changed.
+void apply_optimizer(torch::serialize::InputArchive& archive, const std::string& path, const std::string& where,
+                     torch::optim::Optimizer& optimizer, const ParameterNames& name_of, bool check_fits = true) {
+  try {
+    optimizer.load(archive);
   } catch (const CheckpointError&) {
     throw;
   } catch (const std::exception& error) {
@@ -622,13 +636,28 @@ void check_layout(const std::string& path, const SavedRecord& saved, const Loade
   }
 }
 
-// The models and optimizers of `contents` from the file, which must have the same layout.
-void load_contents(const std::vector<char>& zip, const std::string& path, const SavedRecord& saved,
-                   const LoadedContents& contents, const LoadOptions& options) {
+// A plain load's models and optimizers as the file holds them, read and checked against
+// `contents` (prepare_load); nothing has changed yet.
+struct PreparedLoad {
+  struct Optimizer {
+    torch::optim::Optimizer* optimizer;
+    std::string where;  // as read_optimizer's
+    torch::serialize::InputArchive archive;
+  };
+  std::vector<MatchedStateDict> models;
+  std::vector<Optimizer> optimizers;
+};
+
+// The models and optimizers of `contents` from the file, which must have the same layout: every
+// check that needs no change made (the optimizers' fit to their parameters needs them loaded).
+PreparedLoad prepare_load(const std::vector<char>& zip, const std::string& path, const SavedRecord& saved,
+                          const LoadedContents& contents, const LoadOptions& options) {
   check_layout(path, saved, contents);
+  PreparedLoad load;
   if (contents.layout == Layout::kOneModel) {
-    load_state_dict(*contents.models.front().second, parse_state_dict_archive(zip, path, options.map_location()),
-                    options.strict(), "checkpoint " + path);
+    load.models.push_back(match_state_dict(*contents.models.front().second,
+                                           parse_state_dict_archive(zip, path, options.map_location()),
+                                           options.strict(), "checkpoint " + path));
   } else if (!contents.models.empty()) {
     const NamedStateDicts models = parse_nested_state_dict_archive(zip, path, options.map_location());
     for (const auto& named_model : contents.models) {
@@ -640,18 +669,18 @@ void load_contents(const std::vector<char>& zip, const std::string& path, const 
         throw CheckpointError("checkpoint " + path + " holds no model named \"" + name +
                               "\" (its models: " + joined_names(saved.model_names) + ")");
       }
-      load_state_dict(*module, found->second, options.strict(), "checkpoint " + path + " (model \"" + name + "\")");
+      load.models.push_back(match_state_dict(*module, found->second, options.strict(),
+                                             "checkpoint " + path + " (model \"" + name + "\")"));
     }
   }
-  const ParameterNames name_of = parameter_names(contents);
-  for (const auto& named_optimizer : contents.optimizers) {
-    const std::string& name = named_optimizer.first;
-    const auto& optimizer = named_optimizer.second;
+  for (const auto& [name, optimizer] : contents.optimizers) {
     const auto found = saved_optimizer(path, saved, contents.layout, name);
     const size_t index = found - saved.optimizers.begin();
-    load_optimizer(zip, path, *found, optimizer_record(contents.layout, index),
-                   contents.layout == Layout::kOneModel ? "" : " under \"" + name + "\"", *optimizer, options, name_of);
+    std::string where = contents.layout == Layout::kOneModel ? "" : " under \"" + name + "\"";
+    auto archive = read_optimizer(zip, path, *found, optimizer_record(contents.layout, index), where, *optimizer, options);
+    load.optimizers.push_back({optimizer, std::move(where), std::move(archive)});
   }
+  return load;
 }
 
 // Files named like checkpoint_path() in `dir`, newest step first.
@@ -900,14 +929,32 @@ class OptimizerBefore {
 
 // Not collective: the contents, this rank's states and RNG from the file (already read: `zip`); the
 // training state returned. Everything that can be checked without changing anything is checked
-// first; a model or optimizer the file does not fit leaves the states as they were.
+// first (prepare_load, and read_rank_state before); then the optimizers load, put back if LibTorch
+// or their parameters refuse what they read, before any state or model changes.
 TrainingState load_contents(const std::vector<char>& zip, const std::string& path, const LoadedContents& contents,
                             const LoadOptions& options, SavedRecord& saved, const RankState& read) {
-  StatesBefore states = apply_states(read, path);
+  PreparedLoad load = prepare_load(zip, path, saved, contents, options);
+  std::vector<OptimizerBefore> optimizers_before;
+  for (const auto& optimizer : load.optimizers) optimizers_before.emplace_back(optimizer.optimizer);
+  auto restore_optimizers = [&] {
+    for (auto it = optimizers_before.rbegin(); it != optimizers_before.rend(); ++it) it->restore();
+  };
   try {
-    load_contents(zip, path, saved, contents, options);
+    const ParameterNames name_of = parameter_names(contents);
+    for (auto& optimizer : load.optimizers) {
+      apply_optimizer(optimizer.archive, path, optimizer.where, *optimizer.optimizer, name_of);
+    }
+  } catch (...) {
+    restore_optimizers();
+    throw;
+  }
+  StatesBefore states;
+  try {
+    states = apply_states(read, path);  // every state or none
+    for (const auto& model : load.models) copy_matched(model);  // checked: copies alone are left
   } catch (...) {
     states.restore();
+    restore_optimizers();
     throw;
   }
   apply_rng(read);
@@ -1437,8 +1484,9 @@ std::unique_ptr<RankFile> assemble_shards(const std::string& path, const SavedRe
       if (file->saved.optimizers.empty()) {
         throw CheckpointError(file->path + " holds no optimizer state, which its index " + path + " lists");
       }
-      load_optimizer(file->zip, file->path, file->saved.optimizers.front(), kOptimizerRecord, "", *optimizer, options,
-                     name_of, /*check_fits=*/same_layout);
+      auto archive = read_optimizer(file->zip, file->path, file->saved.optimizers.front(), kOptimizerRecord, "",
+                                    *optimizer, options);
+      apply_optimizer(archive, file->path, "", *optimizer, name_of, /*check_fits=*/same_layout);
       if (!same_layout) take_state_rows(r);
     }
   }

@@ -10,6 +10,8 @@
 #include <ddp/atomic_file.h>
 #include <ddp/checkpoint_file.h>
 
+#include "checkpoint/src/state_dict_match.h"
+
 namespace ddp {
 namespace {
 
@@ -43,7 +45,8 @@ StateDict state_dict(const torch::nn::Module& module) {
   return state;
 }
 
-void load_state_dict(torch::nn::Module& module, const StateDict& state, bool strict, const std::string& source) {
+MatchedStateDict match_state_dict(torch::nn::Module& module, const StateDict& state, bool strict,
+                                  const std::string& source) {
   StateDict target = state_dict(module);
   const std::string prefix = "module.";
   const bool strip = all_keys_prefixed(state, prefix) && !all_keys_prefixed(target, prefix);
@@ -69,10 +72,22 @@ void load_state_dict(torch::nn::Module& module, const StateDict& state, bool str
   if (strict && !unexpected.empty()) problems += "\n  unexpected in " + source + " (not in the model): " + joined(unexpected);
   if (!problems.empty()) throw CheckpointError(source + " does not match the model:" + problems);
 
-  torch::NoGradGuard no_grad;
+  MatchedStateDict matched;
   for (const auto& item : state) {
-    if (at::Tensor* destination = target.find(name_in_model(item.key()))) destination->copy_(item.value());
+    if (const at::Tensor* destination = target.find(name_in_model(item.key()))) {
+      matched.emplace_back(*destination, item.value());
+    }
   }
+  return matched;
+}
+
+void copy_matched(const MatchedStateDict& matched) {
+  torch::NoGradGuard no_grad;
+  for (const auto& [destination, source] : matched) destination.copy_(source);
+}
+
+void load_state_dict(torch::nn::Module& module, const StateDict& state, bool strict, const std::string& source) {
+  copy_matched(match_state_dict(module, state, strict, source));
 }
 
 void save_state_dict(const std::string& path, const torch::nn::Module& module) {

@@ -1,10 +1,12 @@
 // Damaged or mismatched checkpoints: each gives an error that names the file and the problem.
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 
 #include <gtest/gtest.h>
 #include <caffe2/serialize/in_memory_adapter.h>
@@ -437,6 +439,93 @@ TEST_F(Corruption, NonFiniteOrMisshapenOptimizerStateIsRefused) {
   EXPECT_EQ(saved_with_state("shape", [](auto& state) { state.exp_avg(torch::zeros({3})); }),
             "the optimizer state in " + dir_ + "/shape.pt is refused: its state for the parameter net1.weight holds "
             "a tensor of shape [3], the parameter's is [10, 10]");
+}
+
+// An optimizer record that cannot be read, or that holds NaN, edited and re-sealed: the load is
+// refused and changes nothing, in either layout (before: the model was loaded first and kept the
+// file's values; with NaN the optimizer kept the file's state too).
+TEST_F(Corruption, ABadOptimizerRecordIsRefusedAndChangesNothing) {
+  torch::manual_seed(1);
+  ToyModel saved;
+  torch::optim::Adam saved_adam(saved->parameters());
+  saved->forward(torch::ones({2, 10})).sum().backward();
+  saved_adam.step();
+  int64_t saved_step = 7;
+  ddp::save_checkpoint(dir_ + "/one.pt", *saved, &saved_adam, {});
+  ddp::save_checkpoint(dir_ + "/named.pt", {{"model", saved}, {"adam", saved_adam}, {"step", saved_step}}, {});
+  struct Case {
+    const char* name;
+    std::string source, record;
+    std::function<void(std::string&)> edit;
+    std::string error_start, error_part;  // % is the damaged file
+  };
+  const auto cut_in_half = [](std::string& pickle) { pickle.resize(pickle.size() / 2); };
+  const auto nan_first = [](std::string& storage) {  // Adam's moments are float32
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    ASSERT_GE(storage.size(), sizeof(nan));
+    storage.replace(0, sizeof(nan), reinterpret_cast<const char*>(&nan), sizeof(nan));
+  };
+  const std::vector<Case> cases = {
+      {"one-unreadable", "one.pt", "ddp_optimizer_state/data.pkl", cut_in_half, "cannot read the optimizer state in %: ", ""},
+      {"one-nan", "one.pt", "ddp_optimizer_state/data/0", nan_first, "the optimizer state in % is refused: ", "holds NaN"},
+      {"named-unreadable", "named.pt", "ddp_optimizer_state_0/data.pkl", cut_in_half,
+       "cannot read the optimizer state under \"adam\" in %: ", ""},
+      {"named-nan", "named.pt", "ddp_optimizer_state_0/data/0", nan_first,
+       "the optimizer state under \"adam\" in % is refused: ", "holds NaN"},
+  };
+  // The loading run: other parameters, Adam state of its own, another step.
+  torch::manual_seed(2);
+  ToyModel model;
+  torch::optim::Adam adam(model->parameters());
+  model->forward(torch::ones({2, 10})).sum().backward();
+  adam.step();
+  int64_t step = 3;
+  // The parameters, then each parameter's Adam state, by its size (ToyModel's four differ): this
+  // needs nothing of how LibTorch keys Optimizer::state().
+  auto snapshot = [&] {
+    std::vector<torch::Tensor> tensors;
+    for (const auto& parameter : model->parameters()) tensors.push_back(parameter.detach().clone());
+    std::map<int64_t, std::vector<torch::Tensor>> states;
+    for (const auto& item : adam.state()) {
+      const auto& state = static_cast<torch::optim::AdamParamState&>(*item.second);
+      states[state.exp_avg().numel()] = {state.exp_avg().clone(), state.exp_avg_sq().clone(),
+                                         torch::tensor({static_cast<int64_t>(state.step())})};
+    }
+    for (const auto& [numel, state] : states) tensors.insert(tensors.end(), state.begin(), state.end());
+    return tensors;
+  };
+  const std::vector<torch::Tensor> before = snapshot();
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<char> crafted = resealed::rewrite(ddp::read_checkpoint_file(dir_ + "/" + c.source), c.record, c.edit);
+    ddp::seal_archive(crafted);
+    const std::string file = dir_ + "/" + c.name + ".pt";
+    std::ofstream(file, std::ios::binary).write(crafted.data(), static_cast<std::streamsize>(crafted.size()));
+    const std::string error = ddp::test::error_of<ddp::CheckpointError>([&] {
+      if (c.source == "one.pt") {
+        ddp::load_checkpoint(file, *model, &adam);
+      } else {
+        ddp::load_checkpoint(file, {{"model", model}, {"adam", adam}, {"step", step}});
+      }
+    });
+    std::string start = c.error_start;
+    start.replace(start.find('%'), 1, file);
+    EXPECT_EQ(error.rfind(start, 0), 0u) << error;
+    EXPECT_TRUE(contains(error, c.error_part)) << error;
+    EXPECT_EQ(step, 3);
+    ASSERT_EQ(adam.state().size(), model->parameters().size());
+    const std::vector<torch::Tensor> after = snapshot();
+    ASSERT_EQ(after.size(), before.size());
+    for (size_t i = 0; i < before.size(); ++i) {
+      // Bitwise: NaN is unequal to itself, so equal() alone would not show a NaN left behind either.
+      EXPECT_TRUE(before[i].sizes().equals(after[i].sizes()) &&
+                  std::memcmp(before[i].data_ptr(), after[i].data_ptr(), before[i].nbytes()) == 0)
+          << "tensor " << i << " changed (the parameters, then each state's exp_avg, exp_avg_sq and step)";
+    }
+  }
+  // The sound files load (the damage above, not the files, was refused).
+  ddp::load_checkpoint(dir_ + "/one.pt", *model, &adam);
+  EXPECT_TRUE(ckpt_test::same_state(*model, *saved));
 }
 
 // Edits of the zip's end-of-directory records, re-sealed (issue 28: they were accepted). A
