@@ -4,11 +4,13 @@
 #include <ddp/logging.h>
 
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "ddp/floor/src/backends.h"
 #include "ddp/internal/diagnostics/error_text.h"
+#include "ddp/engine/src/observe/timeline.h"
 #include "ddp/engine/src/reducer/hook_runner.h"
 #include "ddp/engine/src/zero/overlap.h"
 
@@ -33,7 +35,10 @@ void step_and_broadcast(ZeroHookState& s, size_t b, const FuturePtr& future) {
   wait_for_future(future, s.timeout);
   if (future->hasError()) std::rethrow_exception(future->exception_ptr());
   {
-    TimelineSpan span("ZeRO step, bucket " + std::to_string(b));  // a TORCHDDP_TIMELINE row: the hook thread's share
+    // A TORCHDDP_TIMELINE row: the hook thread's share. Its name built only for a timeline: this
+    // runs for every bucket of every step.
+    std::optional<TimelineSpan> span;
+    if (Timeline::get() != nullptr) span.emplace("ZeRO step, bucket " + std::to_string(b));
     s.overlap->step(b, future_tensor(*future));  // this rank's piece(s) of it, if any
   }
   s.overlap->broadcast(b);
