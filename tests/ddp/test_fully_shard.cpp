@@ -251,6 +251,20 @@ ddp::FSDPModule<ShardNetImpl> shard_net(ShardNet& net) {
   return ddp::fully_shard(net);
 }
 
+// The checkpoint workers' run: the narrow ShardNet from `seed`, sharded block by block, and Adam
+// over its shards.
+struct ShardedAdam {
+  ShardNet net;
+  ddp::FSDPModule<ShardNetImpl> model;
+  torch::optim::Adam optimizer;
+};
+ShardedAdam make_sharded_adam(uint64_t seed) {
+  torch::manual_seed(seed);
+  ShardNet net(7);
+  // In this order (a braced list's): Adam takes the parameters fully_shard left, the shards.
+  return {net, shard_net(net), torch::optim::Adam(net->parameters(), 0.01)};
+}
+
 // The largest difference between two sharded models' whole states, entry by entry.
 double largest_difference(ddp::FSDPModule<ShardNetImpl>& got, ddp::FSDPModule<ShardNetImpl>& want) {
   const auto expected = want.full_state_dict();
@@ -266,17 +280,14 @@ double largest_difference(ddp::FSDPModule<ShardNetImpl>& got, ddp::FSDPModule<Sh
 // layer (see train_against_one_process).
 DDP_WORKER(fsdp_checkpoint_save) {
   worker_init();
-  torch::manual_seed(21);
-  ShardNet net(7);
-  auto model = shard_net(net);
-  torch::optim::Adam optimizer(net->parameters(), 0.01);
-  train_steps(model, optimizer, 0, 5);
-  ddp::save_checkpoint(shared_dir() + "/fsdp.pt", model, &optimizer, ddp::TrainingState{0, 5});
-  require(net->in->weight.size(0) == 6 - ddp::get_rank(), "the shards did not come back after saving");
+  ShardedAdam run = make_sharded_adam(21);
+  train_steps(run.model, run.optimizer, 0, 5);
+  ddp::save_checkpoint(shared_dir() + "/fsdp.pt", run.model, &run.optimizer, ddp::TrainingState{0, 5});
+  require(run.net->in->weight.size(0) == 6 - ddp::get_rank(), "the shards did not come back after saving");
   // The file holds the whole model: it loads into a module that was never sharded.
   ShardNet plain(7);
   ddp::load_checkpoint(shared_dir() + "/fsdp.pt", plain, nullptr);
-  require(max_difference(model.full_state_dict(), *plain) == 0, "the saved model is not the whole model");
+  require(max_difference(run.model.full_state_dict(), *plain) == 0, "the saved model is not the whole model");
 }
 
 // At W=3: the W=2 checkpoint loaded into new shards, five more steps, against ten uninterrupted
@@ -340,19 +351,16 @@ DDP_WORKER(fsdp_sharded_save) {
   auto group = worker_init();
   start_sequence_number(group);
   const int rank = ddp::get_rank(), world = ddp::get_world_size();
-  torch::manual_seed(21);
-  ShardNet net(7);
-  auto model = shard_net(net);
-  torch::optim::Adam optimizer(net->parameters(), 0.01);
-  train_steps(model, optimizer, 0, 5);
+  ShardedAdam run = make_sharded_adam(21);
+  train_steps(run.model, run.optimizer, 0, 5);
   const auto sharded = ddp::CheckpointOptions().full_state_dict(false);
   const uint64_t sharded_collectives = collectives_of(group, [&] {
-    ddp::save_checkpoint(sharded_path(), model, &optimizer, ddp::TrainingState{0, 5}, sharded);
+    ddp::save_checkpoint(sharded_path(), run.model, &run.optimizer, ddp::TrainingState{0, 5}, sharded);
   });
   const uint64_t full_collectives = collectives_of(group, [&] {
-    ddp::save_checkpoint(shared_dir() + "/full.pt", model, &optimizer, ddp::TrainingState{0, 5});
+    ddp::save_checkpoint(shared_dir() + "/full.pt", run.model, &run.optimizer, ddp::TrainingState{0, 5});
   });
-  const auto parameters = static_cast<uint64_t>(net->parameters().size());
+  const auto parameters = static_cast<uint64_t>(run.net->parameters().size());
   require(full_collectives >= parameters, "the full save issued " + std::to_string(full_collectives) +
                                               " collectives for " + std::to_string(parameters) + " parameters");
   require(sharded_collectives <= 3, "the sharded save issued " + std::to_string(sharded_collectives) +
@@ -362,7 +370,7 @@ DDP_WORKER(fsdp_sharded_save) {
   const auto rows = ddp::load_state_dict(own).find("in.weight")->size(0);
   const int64_t chunk = (11 + world - 1) / world;
   require(rows == std::min<int64_t>(chunk, 11 - rank * chunk), own + " holds " + std::to_string(rows) + " rows of in.weight");
-  require(net->in->weight.size(0) == std::min<int64_t>(chunk, 11 - rank * chunk), "the shards changed by saving");
+  require(run.net->in->weight.size(0) == std::min<int64_t>(chunk, 11 - rank * chunk), "the shards changed by saving");
 }
 
 // At this world size: the sharded checkpoint loaded into new shards, five more steps, against ten
@@ -435,13 +443,10 @@ DDP_WORKER(fsdp_sharded_refusals) {
   const int rank = ddp::get_rank();
   const std::string path = sharded_path();
   const std::string second = path + ".rank-1-of-2";
-  torch::manual_seed(21);
-  ShardNet net(7);
-  auto model = shard_net(net);
-  torch::optim::Adam optimizer(net->parameters(), 0.01);
-  train_steps(model, optimizer, 0, 2);
+  ShardedAdam run = make_sharded_adam(21);
+  train_steps(run.model, run.optimizer, 0, 2);
   const auto sharded = ddp::CheckpointOptions().full_state_dict(false);
-  ddp::save_checkpoint(path, model, &optimizer, ddp::TrainingState{0, 2}, sharded);
+  ddp::save_checkpoint(path, run.model, &run.optimizer, ddp::TrainingState{0, 2}, sharded);
   ShardNet plain(7);
   require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(path, plain, nullptr); }, "full_state_dict(false)",
                                        "a sharded checkpoint loaded into a plain module");
@@ -451,21 +456,21 @@ DDP_WORKER(fsdp_sharded_refusals) {
   // Another save's file of rank 1 (what a save that stopped after rank 1 wrote leaves).
   if (rank == 1) std::filesystem::copy_file(second, path + ".earlier");
   ddp::barrier();
-  ddp::save_checkpoint(path, model, &optimizer, ddp::TrainingState{0, 2}, sharded);
+  ddp::save_checkpoint(path, run.model, &run.optimizer, ddp::TrainingState{0, 2}, sharded);
   if (rank == 1) std::filesystem::rename(path + ".earlier", second);
   ddp::barrier();
-  require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(path, model, &optimizer); },
+  require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(path, run.model, &run.optimizer); },
                                        "rank 1: " + second + " is not the file of rank 1", "another save's rank file");
-  ddp::save_checkpoint(path, model, &optimizer, ddp::TrainingState{0, 2}, sharded);
+  ddp::save_checkpoint(path, run.model, &run.optimizer, ddp::TrainingState{0, 2}, sharded);
   if (rank == 1) std::filesystem::resize_file(second, std::filesystem::file_size(second) - 10);
   ddp::barrier();
-  require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(path, model, &optimizer); }, second,
+  require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(path, run.model, &run.optimizer); }, second,
                                        "a truncated rank file");
-  ddp::save_checkpoint(path, model, &optimizer, ddp::TrainingState{0, 2}, sharded);
+  ddp::save_checkpoint(path, run.model, &run.optimizer, ddp::TrainingState{0, 2}, sharded);
   ddp::barrier();
   if (rank == 1) std::filesystem::remove(second);
   ddp::barrier();
-  require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(path, model, &optimizer); },
+  require_throws<ddp::CheckpointError>([&] { ddp::load_checkpoint(path, run.model, &run.optimizer); },
                                        "rank 1: " + second + " is missing: it is the file of rank 1 of the 2",
                                        "a missing rank file");
   // keep_last prunes a sharded checkpoint's rank files with its index, and a resume finds the newest.
@@ -478,7 +483,7 @@ DDP_WORKER(fsdp_sharded_refusals) {
         std::ofstream(notes) << "not a rank file";
       }
     }
-    ddp::save_checkpoint(ddp::checkpoint_path(dir, step), model, &optimizer, ddp::TrainingState{0, step},
+    ddp::save_checkpoint(ddp::checkpoint_path(dir, step), run.model, &run.optimizer, ddp::TrainingState{0, step},
                          ddp::CheckpointOptions().full_state_dict(false).keep_last(1));
   }
   for (const std::string& gone : {older, older + ".rank-0-of-2", older + ".rank-1-of-2"}) {
@@ -488,7 +493,7 @@ DDP_WORKER(fsdp_sharded_refusals) {
     require(std::filesystem::exists(notes), "a sharded save with keep_last(1) removed " + notes);
   }
   require(std::filesystem::exists(newer + ".rank-1-of-2"), "keep_last(1) removed the newest checkpoint's rank file");
-  const auto restored = ddp::load_checkpoint_if_exists(dir, model, &optimizer);
+  const auto restored = ddp::load_checkpoint_if_exists(dir, run.model, &run.optimizer);
   require(restored.loaded && restored.path == newer && restored.state.global_step == 2,
           "load_checkpoint_if_exists did not resume from the newest sharded checkpoint");
 }
@@ -510,15 +515,12 @@ auto adam_state(torch::optim::Adam& optimizer) {
 DDP_WORKER(fsdp_sharded_failed_load) {
   worker_init();
   const int rank = ddp::get_rank();
-  torch::manual_seed(21);
-  ShardNet net(7);
-  auto model = shard_net(net);
-  torch::optim::Adam optimizer(net->parameters(), 0.01);
-  train_steps(model, optimizer, 0, 1);
-  const auto before = adam_state(optimizer);
+  ShardedAdam run = make_sharded_adam(21);
+  train_steps(run.model, run.optimizer, 0, 1);
+  const auto before = adam_state(run.optimizer);
   std::string message;
   try {
-    ddp::load_checkpoint(sharded_path(), model, &optimizer);
+    ddp::load_checkpoint(sharded_path(), run.model, &run.optimizer);
   } catch (const ddp::CheckpointError& error) {
     message = error.what();
   }
@@ -528,7 +530,7 @@ DDP_WORKER(fsdp_sharded_failed_load) {
                      "a missing rank file at W=3, on rank " + std::to_string(rank));
   }
   require(message.find("rank 0: ") == std::string::npos, "the error blames rank 0, which read its files");
-  const auto after = adam_state(optimizer);
+  const auto after = adam_state(run.optimizer);
   require(after.size() == before.size(), "the failed load changed which parameters have optimizer state");
   for (const auto& [key, tensors] : before) {
     const auto found = after.find(key);
@@ -722,15 +724,12 @@ TEST(FullyShard, ALoadLackingARequiredStateFailsOnEveryRankAndChangesNothing) {
 DDP_WORKER(fsdp_full_save_over_sharded) {
   worker_init();
   const int rank = ddp::get_rank();
-  torch::manual_seed(21);
-  ShardNet net(7);
-  auto model = shard_net(net);
-  torch::optim::Adam optimizer(net->parameters(), 0.01);
-  train_steps(model, optimizer, 0, 2);
+  ShardedAdam run = make_sharded_adam(21);
+  train_steps(run.model, run.optimizer, 0, 2);
   const std::string path = shared_dir() + "/over.pt", other = shared_dir() + "/other.pt";
   const std::vector<std::string> owned = {path + ".rank-0-of-2", path + ".rank-1-of-2"};
   for (const std::string& sharded_at : {other, path}) {
-    ddp::save_checkpoint(sharded_at, model, &optimizer, ddp::TrainingState{0, 2},
+    ddp::save_checkpoint(sharded_at, run.model, &run.optimizer, ddp::TrainingState{0, 2},
                          ddp::CheckpointOptions().full_state_dict(false));
   }
   const std::vector<std::string> bystanders = {path + ".rank-0-of-3", path + ".rank-2-of-2", path + ".rank-notes",
@@ -744,20 +743,21 @@ DDP_WORKER(fsdp_full_save_over_sharded) {
     std::filesystem::create_directories(blocked + "/inside");
   }
   ddp::barrier();
-  require_throws<ddp::CheckpointError>([&] { ddp::save_checkpoint(path, model, &optimizer, ddp::TrainingState{0, 3}); },
-                                       "save checkpoint " + path, "a full save whose write failed");
+  require_throws<ddp::CheckpointError>(
+      [&] { ddp::save_checkpoint(path, run.model, &run.optimizer, ddp::TrainingState{0, 3}); },
+      "save checkpoint " + path, "a full save whose write failed");
   for (const std::string& file : owned) require(std::filesystem::exists(file), "a failed full save removed " + file);
-  require(ddp::load_checkpoint(path, model, &optimizer).global_step == 2,
+  require(ddp::load_checkpoint(path, run.model, &run.optimizer).global_step == 2,
           "the sharded checkpoint did not survive a failed full save into its path");
   if (rank == 0) remove_tree(blocked);
   ddp::barrier();
-  train_steps(model, optimizer, 2, 3);
-  ddp::save_checkpoint(path, model, &optimizer, ddp::TrainingState{0, 3});
+  train_steps(run.model, run.optimizer, 2, 3);
+  ddp::save_checkpoint(path, run.model, &run.optimizer, ddp::TrainingState{0, 3});
   for (const std::string& file : owned) require(!std::filesystem::exists(file), "the full save left " + file);
   for (const std::string& file : bystanders) require(std::filesystem::exists(file), "the full save removed " + file);
   ShardNet plain(7);
   require(ddp::load_checkpoint(path, plain, nullptr).global_step == 3, "the full checkpoint does not load");
-  require(max_difference(model.full_state_dict(), *plain) == 0, "the full checkpoint is not the model");
+  require(max_difference(run.model.full_state_dict(), *plain) == 0, "the full checkpoint is not the model");
 }
 TEST(FullyShard, AFullSaveOverAShardedCheckpointRemovesItsRankFilesAlone) {
   RunOptions options;
