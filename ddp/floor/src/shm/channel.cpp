@@ -74,6 +74,8 @@ c10::intrusive_ptr<c10d::Work> Channel::shared_sum(std::shared_ptr<SharedArray>,
 #include <ATen/ATen.h>
 #include <ATen/core/ivalue.h>
 
+#include <ddp/wait_collective.h>
+
 #include "ddp/internal/diagnostics/error_text.h"
 #include "ddp/floor/src/store_text.h"
 #include "ddp/floor/src/shm/communicator.h"
@@ -691,6 +693,7 @@ c10::intrusive_ptr<c10d::Work> Channel::issue(c10d::OpType type, std::vector<at:
     }
     running_ = true;  // what is issued meanwhile queues behind it
   }
+  ddp::detail::WaitingInCollective waiting;  // the heartbeat says so while the caller runs it
   job();
   return work;
 }

@@ -2,7 +2,6 @@
 // layout, setup, the callers' side, the thread's loop (sends out, arrivals in), then failure.
 #include "ddp/floor/src/shm/mailbox.h"
 
-#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -28,12 +27,6 @@ constexpr std::size_t kRingControlBytes = 128;
 constexpr std::size_t kSlotHeaderBytes = 64;
 constexpr auto kMailboxSleepSlice = 50ms;  // longest sleep: then look at the deadlines and the peers
 constexpr auto kMailboxPidCheckEvery = 100ms;
-
-int mailbox_cpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
 
 }  // namespace
 
@@ -140,7 +133,7 @@ Mailbox::Mailbox(Rendezvous& rendezvous, const std::string& name_prefix, int ran
   writing_.resize(size_);
   incoming_.resize(size_);
   if (size_ == 1) return;  // nobody to write to
-  spin_ = options_.spin.count() >= 0 ? options_.spin : mailbox_cpus() >= size_ ? 20us : 2us;
+  spin_ = options_.spin.count() >= 0 ? options_.spin : cpus_available() >= size_ ? 20us : 2us;
   peers_.resize(size_);
   set_up(rendezvous);
 }

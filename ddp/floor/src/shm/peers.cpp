@@ -2,7 +2,6 @@
 // setup, the step machinery (post, wait, failure).
 #include "ddp/floor/src/shm/peers.h"
 
-#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -10,7 +9,6 @@
 #include <cstring>
 #include <new>
 #include <sstream>
-#include <thread>
 
 #include "ddp/floor/src/shm/process.h"
 #include "ddp/floor/src/shm/steps.h"
@@ -28,13 +26,6 @@ constexpr std::size_t kControlBytes = 4096;  // the control block's page; the da
 constexpr std::size_t kMessageBytes = 1024;
 constexpr auto kSleepSlice = 50ms;      // longest futex sleep: then look at the deadline and the peers
 constexpr auto kPidCheckEvery = 100ms;  // how often a waiting rank asks whether lagging peers still live
-
-// CPUs this process may run on: fewer than ranks means the rank we wait for may need our core.
-int cpus_available() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
 
 // The options every rank of a group works with: checked, chunk_bytes a multiple of 64.
 Options checked_options(Options options, int rank, int size) {

@@ -1,14 +1,17 @@
 // A process's state, by pid, from /proc (process.h).
 #include "ddp/floor/src/shm/process.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <fstream>
 #include <iterator>
 #include <sstream>
+#include <thread>
 
 namespace ddp::detail::shm {
 
@@ -43,6 +46,12 @@ std::string pid_space() {
   // Without either, no pid of another process can be trusted to mean the same process here.
   if (boot.empty() || length <= 0) return "";
   return boot + " " + std::string(link, static_cast<std::size_t>(length));
+}
+
+int cpus_available() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 }  // namespace ddp::detail::shm

@@ -25,4 +25,8 @@ bool stopped(const ProcessInfo& now);
 // "<boot id> <pid namespace>": two processes that print the same see each other's pids.
 std::string pid_space();
 
+// The CPUs this process may run on (its affinity; the machine's count where that is unknown).
+// Fewer than the ranks of a group on the host means the rank one waits for may need one's core.
+int cpus_available();
+
 }  // namespace ddp::detail::shm
