@@ -196,7 +196,16 @@ Variant fsdp(std::shared_ptr<BenchNet> model, const Batch& batch, const ddp::Pro
   Variant v;
   v.step = [=] {
     optimizer->zero_grad();
-    torch::nn::functional::cross_entropy(sharded->forward(batch.x), batch.y).backward();
+    // TORCHDDP_TIMELINE: the phases beside fully_shard's own spans (DDP's come from its reducer).
+    auto loss = [&] {
+      ddp::TimelineSpan span("forward");
+      return torch::nn::functional::cross_entropy(sharded->forward(batch.x), batch.y);
+    }();
+    {
+      ddp::TimelineSpan span("backward");
+      loss.backward();
+    }
+    ddp::TimelineSpan span("optimizer.step");
     optimizer->step();
   };
   v.collectives = [n = static_cast<int64_t>(blocks.size())] { return 3 * n + 2; };

@@ -10,7 +10,7 @@
 namespace ddp {
 namespace {
 
-[[noreturn]] void fail(const std::string& message) { raise<std::invalid_argument>("ddp", message); }
+[[noreturn]] void fail_launch(const std::string& message) { raise<std::invalid_argument>("ddp", message); }
 
 using Lookup = std::function<const char*(const char*)>;
 
@@ -20,7 +20,7 @@ std::string get(const Lookup& lookup, const char* name) {
   return value ? value : "";
 }
 
-int parse_int(const std::string& text, const std::string& name, long lo, long hi) {
+int parse_launch_int(const std::string& text, const std::string& name, long lo, long hi) {
   return static_cast<int>(detail::parse_int(text, name, lo, hi, "ddp: "));
 }
 
@@ -33,12 +33,12 @@ void require_all(const Lookup& lookup, const std::vector<const char*>& required,
     list += (list.empty() ? "" : ", ") + std::string(name);
   }
   if (missing.empty()) return;
-  fail(missing + " is not set, but " + present + " is: " + fix);
+  fail_launch(missing + " is not set, but " + present + " is: " + fix);
 }
 
 int rank_in_world(int rank, int world, const std::string& rank_name, const std::string& world_name) {
   if (rank >= world) {
-    fail(rank_name + "=" + std::to_string(rank) + " is out of range for " + world_name + "=" + std::to_string(world) +
+    fail_launch(rank_name + "=" + std::to_string(rank) + " is out of range for " + world_name + "=" + std::to_string(world) +
          " (valid ranks: 0.." + std::to_string(world - 1) + ")");
   }
   return rank;
@@ -48,12 +48,12 @@ int rank_in_world(int rank, int world, const std::string& rank_name, const std::
 void expand_item(const std::string& item, const std::string& whole, std::vector<std::string>& out) {
   const auto open = item.find('[');
   if (open == std::string::npos) {
-    if (item.find(']') != std::string::npos) fail("node list '" + whole + "': ']' without '['");
+    if (item.find(']') != std::string::npos) fail_launch("node list '" + whole + "': ']' without '['");
     out.push_back(item);
     return;
   }
   const auto close = item.find(']', open);
-  if (close == std::string::npos) fail("node list '" + whole + "': '[' without ']'");
+  if (close == std::string::npos) fail_launch("node list '" + whole + "': '[' without ']'");
   const std::string prefix = item.substr(0, open);
   const std::string rest = item.substr(close + 1);
   const std::string ranges = item.substr(open + 1, close - open - 1);
@@ -67,10 +67,10 @@ void expand_item(const std::string& item, const std::string& whole, std::vector<
     const std::string what = "node list '" + whole + "' range '" + range + "'";
     if (first.empty() || last.empty() || first.find_first_not_of("0123456789") != std::string::npos ||
         last.find_first_not_of("0123456789") != std::string::npos) {
-      fail(what + ": expected numbers like 3-5 or 7");
+      fail_launch(what + ": expected numbers like 3-5 or 7");
     }
     const long lo = std::stol(first), hi = std::stol(last);
-    if (hi < lo) fail(what + " counts down");
+    if (hi < lo) fail_launch(what + " counts down");
     for (long n = lo; n <= hi; ++n) {
       std::string number = std::to_string(n);
       if (number.size() < first.size()) number.insert(0, first.size() - number.size(), '0');  // gpu[08-10]
@@ -84,8 +84,8 @@ void expand_item(const std::string& item, const std::string& whole, std::vector<
 // away from the usual 29500 and the ephemeral range, different for jobs sharing a node.
 int slurm_port(const Lookup& lookup) {
   const std::string job = get(lookup, "SLURM_JOB_ID");
-  if (job.empty()) fail("under Slurm without SLURM_JOB_ID, set MASTER_PORT (a free port on the first node)");
-  return 15000 + parse_int(job, "SLURM_JOB_ID", 0, 2147483647L) % 20000;
+  if (job.empty()) fail_launch("under Slurm without SLURM_JOB_ID, set MASTER_PORT (a free port on the first node)");
+  return 15000 + parse_launch_int(job, "SLURM_JOB_ID", 0, 2147483647L) % 20000;
 }
 
 }  // namespace
@@ -96,7 +96,7 @@ std::vector<std::string> expand_nodelist(const std::string& nodelist) {
   std::string item;
   for (char c : nodelist + ",") {
     if (c == '[') ++depth;
-    if (c == ']' && --depth < 0) fail("node list '" + nodelist + "': ']' without '['");
+    if (c == ']' && --depth < 0) fail_launch("node list '" + nodelist + "': ']' without '['");
     if (c == ',' && depth == 0) {
       if (!item.empty()) expand_item(item, nodelist, hosts);
       item.clear();
@@ -104,8 +104,8 @@ std::vector<std::string> expand_nodelist(const std::string& nodelist) {
       item += c;
     }
   }
-  if (depth != 0) fail("node list '" + nodelist + "': '[' without ']'");
-  if (hosts.empty()) fail("node list '" + nodelist + "' names no host");
+  if (depth != 0) fail_launch("node list '" + nodelist + "': '[' without ']'");
+  if (hosts.empty()) fail_launch("node list '" + nodelist + "' names no host");
   return hosts;
 }
 
@@ -114,7 +114,7 @@ LaunchEnvironment launch_environment(const Lookup& lookup) {
   const std::string restarts = !get(lookup, "DDPRUN_RESTART_COUNT").empty() ? "DDPRUN_RESTART_COUNT"
                                                                               : "TORCHELASTIC_RESTART_COUNT";
   if (!get(lookup, restarts.c_str()).empty()) {
-    env.restart_count = parse_int(get(lookup, restarts.c_str()), restarts, 0, 1 << 20);
+    env.restart_count = parse_launch_int(get(lookup, restarts.c_str()), restarts, 0, 1 << 20);
   }
   if (!get(lookup, "TORCHDDP_RUN_ID").empty()) {
     env.run_id = get(lookup, "TORCHDDP_RUN_ID");
@@ -125,7 +125,7 @@ LaunchEnvironment launch_environment(const Lookup& lookup) {
   }
   auto master_from_variables = [&] {
     env.master_addr = get(lookup, "MASTER_ADDR");
-    if (!get(lookup, "MASTER_PORT").empty()) env.master_port = parse_int(get(lookup, "MASTER_PORT"), "MASTER_PORT", 1, 65535);
+    if (!get(lookup, "MASTER_PORT").empty()) env.master_port = parse_launch_int(get(lookup, "MASTER_PORT"), "MASTER_PORT", 1, 65535);
   };
 
   // 1. torchrun, ddprun, PyTorchJob.
@@ -133,9 +133,9 @@ LaunchEnvironment launch_environment(const Lookup& lookup) {
     require_all(lookup, {"RANK", "WORLD_SIZE"},
                 "set both (ddprun and torchrun do), or pass InitOptions.rank and world_size");
     env.source = LaunchEnvironment::Source::kRankVariables;
-    env.world_size = parse_int(get(lookup, "WORLD_SIZE"), "WORLD_SIZE", 1, 1 << 20);
-    env.rank = rank_in_world(parse_int(get(lookup, "RANK"), "RANK", 0, 1 << 20), env.world_size, "RANK", "WORLD_SIZE");
-    if (!get(lookup, "LOCAL_RANK").empty()) env.local_rank = parse_int(get(lookup, "LOCAL_RANK"), "LOCAL_RANK", 0, 1 << 20);
+    env.world_size = parse_launch_int(get(lookup, "WORLD_SIZE"), "WORLD_SIZE", 1, 1 << 20);
+    env.rank = rank_in_world(parse_launch_int(get(lookup, "RANK"), "RANK", 0, 1 << 20), env.world_size, "RANK", "WORLD_SIZE");
+    if (!get(lookup, "LOCAL_RANK").empty()) env.local_rank = parse_launch_int(get(lookup, "LOCAL_RANK"), "LOCAL_RANK", 0, 1 << 20);
     master_from_variables();
     // torchrun 2.x writes str(True); accept the spellings a person would write too.
     const std::string agent = get(lookup, "TORCHELASTIC_USE_AGENT_STORE");
@@ -149,10 +149,10 @@ LaunchEnvironment launch_environment(const Lookup& lookup) {
     require_all(lookup, {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nodelist_name},
                 "start the ranks with srun (which sets all of them), or set the missing ones");
     env.source = LaunchEnvironment::Source::kSlurm;
-    env.world_size = parse_int(get(lookup, "SLURM_NTASKS"), "SLURM_NTASKS", 1, 1 << 20);
-    env.rank = rank_in_world(parse_int(get(lookup, "SLURM_PROCID"), "SLURM_PROCID", 0, 1 << 20), env.world_size,
+    env.world_size = parse_launch_int(get(lookup, "SLURM_NTASKS"), "SLURM_NTASKS", 1, 1 << 20);
+    env.rank = rank_in_world(parse_launch_int(get(lookup, "SLURM_PROCID"), "SLURM_PROCID", 0, 1 << 20), env.world_size,
                              "SLURM_PROCID", "SLURM_NTASKS");
-    env.local_rank = parse_int(get(lookup, "SLURM_LOCALID"), "SLURM_LOCALID", 0, 1 << 20);
+    env.local_rank = parse_launch_int(get(lookup, "SLURM_LOCALID"), "SLURM_LOCALID", 0, 1 << 20);
     master_from_variables();
     if (env.master_addr.empty()) env.master_addr = expand_nodelist(get(lookup, nodelist_name)).front();
     if (env.master_port == 0) env.master_port = slurm_port(lookup);
@@ -164,11 +164,11 @@ LaunchEnvironment launch_environment(const Lookup& lookup) {
     require_all(lookup, {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
                 "start the ranks with mpirun (which sets both), or set the missing one");
     env.source = LaunchEnvironment::Source::kOpenMpi;
-    env.world_size = parse_int(get(lookup, "OMPI_COMM_WORLD_SIZE"), "OMPI_COMM_WORLD_SIZE", 1, 1 << 20);
-    env.rank = rank_in_world(parse_int(get(lookup, "OMPI_COMM_WORLD_RANK"), "OMPI_COMM_WORLD_RANK", 0, 1 << 20),
+    env.world_size = parse_launch_int(get(lookup, "OMPI_COMM_WORLD_SIZE"), "OMPI_COMM_WORLD_SIZE", 1, 1 << 20);
+    env.rank = rank_in_world(parse_launch_int(get(lookup, "OMPI_COMM_WORLD_RANK"), "OMPI_COMM_WORLD_RANK", 0, 1 << 20),
                              env.world_size, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE");
     if (!get(lookup, "OMPI_COMM_WORLD_LOCAL_RANK").empty()) {
-      env.local_rank = parse_int(get(lookup, "OMPI_COMM_WORLD_LOCAL_RANK"), "OMPI_COMM_WORLD_LOCAL_RANK", 0, 1 << 20);
+      env.local_rank = parse_launch_int(get(lookup, "OMPI_COMM_WORLD_LOCAL_RANK"), "OMPI_COMM_WORLD_LOCAL_RANK", 0, 1 << 20);
     }
     master_from_variables();  // MPI knows no master: env:// asks for MASTER_ADDR/MASTER_PORT
     return env;

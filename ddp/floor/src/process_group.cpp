@@ -27,6 +27,7 @@
 #include "ddp/floor/src/backends.h"
 #include "ddp/internal/compat/versions.h"
 #include "ddp/internal/diagnostics/error_text.h"
+#include "ddp/floor/src/heap_reuse.h"
 #include "ddp/floor/src/heartbeat.h"
 #include "ddp/internal/numbers/parse_int.h"
 #include "ddp/floor/src/bounded_store.h"
@@ -420,6 +421,7 @@ void ignore_sigpipe_unless_handled() {
 
 ProcessGroupPtr init_process_group(const InitOptions& options) {
   ignore_sigpipe_unless_handled();
+  detail::keep_freed_memory_for_reuse();
   Connection connection = connect_group(options);
   if (connection.heartbeat_store) {
     detail::start_heartbeat(connection.heartbeat_store, connection.rank, connection.world_size);
