@@ -10,7 +10,8 @@
 #      host's link sent at most 0.6 of the input (the hierarchical one sends half: each rank sends
 #      its host's sums of the other host's pieces, a quarter of the input), less than a Gloo-alone
 #      group's; the same for an all-gather into 8 MiB (at 3 hosts, at most 0.72: it sends 2/3)
-#   3. host 1's ranks in a reduce-scatter while host 2's are in an all-gather: named on every rank
+#   3. host 1's ranks in a reduce-scatter while host 2's are in an all-gather: named on every rank;
+#      in an allreduce while host 2's reduce-scatter: every rank points to DETAIL, which names both
 #   4. a rank killed (on host 2, then on host 1) among reduce-scatters and all-gathers: the others
 #      end within 20 s naming it
 # Usage: halves_test.sh HOST_RANK. Exit 0: pass; 1: fail (the reason and the output);
@@ -68,6 +69,34 @@ for rank in 0 1 2 3; do
   echo "  rank $rank: $(cut -c1-300 <<<"$error")"
 done
 echo "desync across hosts (reduce-scatter against all-gather): named on every rank"
+
+# 3b. Host 1's ranks in a hierarchical allreduce while host 2's reduce-scatter (only the latter
+#     compares what it runs across the hosts): at the timeout every rank's error says the partner
+#     may run another collective and how to have it named; with TORCH_DISTRIBUTED_DEBUG=DETAIL,
+#     every rank names both at once.
+for debug in off DETAIL; do
+  port=$((port + 4))
+  # A 10 s timeout: without DETAIL the partners' Gloo steps meet nothing and end at the timeout.
+  export JOB_ENV="HOST_RANK_TIMEOUT_S=10"
+  [[ $debug == DETAIL ]] && JOB_ENV+=" TORCH_DISTRIBUTED_DEBUG=DETAIL"
+  start_job "2 2" "$port" "$program" forever desync_allreduce
+  unset JOB_ENV
+  await_job 60
+  out=$JOB_OUT
+  [[ ${JOB_CODES[*]} == "0 0 0 0" ]] || fail "desync ($debug): exit codes ${JOB_CODES[*]} (0 0 0 0: every rank reports its error)"
+  for rank in 0 1 2 3; do
+    error=$(grep "^rank=$rank error=" <<<"$(rank_log "$rank")") || fail "desync ($debug): rank $rank reports no error"
+    if [[ $debug == off ]]; then
+      grep -q "may be running another collective: TORCH_DISTRIBUTED_DEBUG=DETAIL names it" <<<"$error" ||
+        fail "desync (allreduce against reduce-scatter): rank $rank's error does not say the partner may run another collective: $error"
+    else
+      grep -q "the ranks are not running the same collective.*rank [01] runs all_reduce.*rank [23] runs reduce_scatter_tensor" <<<"$error" ||
+        fail "desync (allreduce against reduce-scatter, DETAIL): rank $rank's error does not name both collectives: $error"
+    fi
+    echo "  rank $rank: $(cut -c1-300 <<<"$error")"
+  done
+done
+echo "desync across hosts (allreduce against reduce-scatter): every rank points to DETAIL, which names both"
 
 # 4. A rank killed (host 2) in the middle of reduce-scatters and all-gathers of 33.6 MB: every other
 #    rank ends within 20 s with an error naming it.

@@ -375,6 +375,12 @@ int forever(const std::string& what) {
       } else {
         ddp::all_gather_into_tensor(tensor, piece, world);
       }
+    } else if (what == "desync_allreduce" && !first) {  // the first host's ranks allreduce, the others reduce-scatter
+      if (rank < size / 2) {
+        ddp::all_reduce(tensor);
+      } else {
+        ddp::reduce_scatter_tensor(piece, tensor, c10d::ReduceOp::SUM, world);
+      }
     } else {
       ddp::all_reduce(tensor);
     }

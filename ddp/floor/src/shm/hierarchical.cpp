@@ -235,8 +235,13 @@ void Hierarchical::finish_part(const c10::intrusive_ptr<c10d::Work>& work, const
     if (told.empty()) told = local_->peer_failure();
     if (told.empty()) told = failure_told_within(kTellingGrace);
     const std::string mine = "rank " + std::to_string(rank_) + "'s " + collective + " across hosts";
-    const std::string cause = told.empty() ? partners() + " did not complete " + mine
-                                           : told + "; then " + mine + " with " + partners() + " failed";
+    // Nobody told of a failure: the partners may be alive but in another collective across the
+    // hosts (an allreduce here, a reduce-scatter there: only the reduce-scatter and the all-gather
+    // compare what they run first), which the check of DETAIL names before any data moves.
+    const std::string cause =
+        told.empty() ? partners() + " did not complete " + mine +
+                           " (if it is alive, it may be running another collective: TORCH_DISTRIBUTED_DEBUG=DETAIL names it)"
+                     : told + "; then " + mine + " with " + partners() + " failed";
     const PeerError failure(local_->rank(), cause + ": " + error_text(error));
     local_->fail(failure);
     throw failure;
