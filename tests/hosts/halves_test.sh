@@ -9,7 +9,8 @@
 #   2. they took the hierarchical path, not Gloo's: during a reduce-scatter of 8 MiB per rank, each
 #      host's link sent at most 0.6 of the input (the hierarchical one sends half: each rank sends
 #      its host's sums of the other host's pieces, a quarter of the input), less than a Gloo-alone
-#      group's; the same for an all-gather into 8 MiB (at 3 hosts, at most 0.72: it sends 2/3)
+#      group's; the same for an all-gather into 8 MiB (at 3 hosts, at most 0.72: it sends 2/3, about
+#      what Gloo's ring sends there, so not more than 1.03x Gloo's)
 #   3. host 1's ranks in a reduce-scatter while host 2's are in an all-gather: named on every rank;
 #      in an allreduce while host 2's reduce-scatter: every rank points to DETAIL, which names both
 #   4. a rank killed (on host 2, then on host 1) among reduce-scatters and all-gathers: the others
@@ -48,7 +49,13 @@ for layout in "host by host" interleaved "3 hosts"; do
       world=${sent[${what}_world]} flat=${sent[${what}_flat]} input=${sent[input]}
       ((world > 0 && world * 100 <= input * percent)) ||
         fail "$layout: rank $rank: the world's $what sent $world bytes for $input of input (at most $percent% expected)"
-      ((world < flat)) || fail "$layout: rank $rank: the world's $what sent $world bytes, no fewer than Gloo alone's $flat"
+      # Fewer than Gloo alone's - except an all-gather at 3 hosts, where Gloo's ring sends about as
+      # few (2/3 of the output per host): there at most 3% more (one run sent 1.4% more).
+      if [[ $what == ag && $layout == "3 hosts" ]]; then
+        ((world * 100 <= flat * 103)) || fail "$layout: rank $rank: the world's ag sent $world bytes, over 1.03x Gloo alone's $flat"
+      else
+        ((world < flat)) || fail "$layout: rank $rank: the world's $what sent $world bytes, no fewer than Gloo alone's $flat"
+      fi
     done
     echo "rank $rank (host ${JOB_HOST[$i]}): $(grep -o 'halves_checked=.*' <<<"$log"); link bytes per host: $line"
   done
