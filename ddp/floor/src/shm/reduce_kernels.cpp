@@ -86,61 +86,46 @@ __attribute__((target("avx,f16c"))) void narrow_half_f16c(const float* in, std::
 
 #ifdef DDP_SHM_X86_DISPATCH
 // Explicit vector moves: the compiler would turn a plain copy loop back into a memcpy call.
-void copy_sse2(unsigned char* dst, const unsigned char* src, std::size_t bytes) {
-  std::size_t i = 0;
-  for (; i + 64 <= bytes; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
-  }
-  std::memcpy(dst + i, src + i, bytes - i);
-}
-__attribute__((target("avx"))) void copy_avx(unsigned char* dst, const unsigned char* src, std::size_t bytes) {
-  std::size_t i = 0;
-  for (; i + 64 <= bytes; i += 64) {
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), a);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
-  }
-  std::memcpy(dst + i, src + i, bytes - i);
-}
-
-// The same moves, stored past the cache: the destination's lines are not read first (a plain
-// store fetches each line before it writes it). A head of up to one vector is copied plainly so
-// that the streamed stores are aligned, as they must be.
-void stream_sse2(unsigned char* dst, const unsigned char* src, std::size_t bytes) {
-  std::size_t i = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16);
+// kStream: stored past the cache - the destination's lines are not read first (a plain store
+// fetches each line before it writes it); a head of up to one vector is copied plainly so that
+// the streamed stores are aligned, as they must be, and they are fenced before returning, so they
+// are visible before anything this thread does next.
+template <bool kStream>
+void move_sse2(unsigned char* dst, const unsigned char* src, std::size_t bytes) {
+  std::size_t i = kStream ? std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16) : 0;
   std::memcpy(dst, src, i);
   for (; i + 64 <= bytes; i += 64) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i), a);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16), b);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 32), c);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 48), d);
+    __m128i v[4];
+    for (int k = 0; k < 4; ++k) v[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16 * k));
+    for (int k = 0; k < 4; ++k) {
+      auto* out = reinterpret_cast<__m128i*>(dst + i + 16 * k);
+      if constexpr (kStream) {
+        _mm_stream_si128(out, v[k]);
+      } else {
+        _mm_storeu_si128(out, v[k]);
+      }
+    }
   }
   std::memcpy(dst + i, src + i, bytes - i);
-  _mm_sfence();  // the streamed stores are visible before anything this thread does next
+  if constexpr (kStream) _mm_sfence();
 }
-__attribute__((target("avx"))) void stream_avx(unsigned char* dst, const unsigned char* src, std::size_t bytes) {
-  std::size_t i = std::min(bytes, (32 - reinterpret_cast<std::uintptr_t>(dst) % 32) % 32);
+template <bool kStream>
+__attribute__((target("avx"))) void move_avx(unsigned char* dst, const unsigned char* src, std::size_t bytes) {
+  std::size_t i = kStream ? std::min(bytes, (32 - reinterpret_cast<std::uintptr_t>(dst) % 32) % 32) : 0;
   std::memcpy(dst, src, i);
   for (; i + 64 <= bytes; i += 64) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 32));
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), a);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
+    if constexpr (kStream) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i), a);
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), a);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 32), b);
+    }
   }
   std::memcpy(dst + i, src + i, bytes - i);
-  _mm_sfence();
+  if constexpr (kStream) _mm_sfence();
 }
 #endif
 
@@ -288,8 +273,8 @@ void copy_bytes(void* dst, const void* src, std::size_t bytes) {
 #ifdef DDP_SHM_X86_DISPATCH
   auto* out = static_cast<unsigned char*>(dst);
   const auto* in = static_cast<const unsigned char*>(src);
-  if (kCpu.avx) return copy_avx(out, in, bytes);
-  return copy_sse2(out, in, bytes);
+  if (kCpu.avx) return move_avx<false>(out, in, bytes);
+  return move_sse2<false>(out, in, bytes);
 #else
   std::memcpy(dst, src, bytes);
 #endif
@@ -299,8 +284,8 @@ void stream_bytes(void* dst, const void* src, std::size_t bytes) {
 #ifdef DDP_SHM_X86_DISPATCH
   auto* out = static_cast<unsigned char*>(dst);
   const auto* in = static_cast<const unsigned char*>(src);
-  if (kCpu.avx) return stream_avx(out, in, bytes);
-  return stream_sse2(out, in, bytes);
+  if (kCpu.avx) return move_avx<true>(out, in, bytes);
+  return move_sse2<true>(out, in, bytes);
 #else
   std::memcpy(dst, src, bytes);
 #endif
