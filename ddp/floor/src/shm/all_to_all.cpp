@@ -6,7 +6,6 @@
 // piece takes.
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <string>
 
 #include "ddp/floor/src/shm/algorithms.h"
