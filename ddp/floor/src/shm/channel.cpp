@@ -564,8 +564,8 @@ c10::intrusive_ptr<c10d::Work> Channel::all_to_all(at::Tensor& output, at::Tenso
   // A large one where no core is spare besides one per rank here runs on the caller too: split
   // between two threads, its copies would only share the rank's core (at 33.6 MB and 2 ranks on 2
   // cores: 2.43-2.61 ms whole on the caller, 2.71-2.90 split).
-  const bool spare_core = cpus_available() >= 2 * size;
-  const Where where = spare_core ? where_for(input.nbytes() + output.nbytes()) : Where::kCallerIfIdle;
+  Where where = where_for(input.nbytes() + output.nbytes());
+  if (where == Where::kChannelThread && cpus_available() < 2 * size) where = Where::kCallerIfIdle;
   if (where != Where::kChannelThread) {
     return issue(c10d::OpType::ALLTOALL_BASE, {output}, where, [this, output, input, sends, receives] {
       communicator_->all_to_all(input.data_ptr(), sends, output.data_ptr(), receives);

@@ -269,27 +269,23 @@ void reduce_integer(void* dst, const void* const* srcs, int nsrc, std::size_t co
 
 }  // namespace
 
-void copy_bytes(void* dst, const void* src, std::size_t bytes) {
+namespace {
+// The copy for this CPU, plain or streamed.
+template <bool kStream>
+void move_bytes(void* dst, const void* src, std::size_t bytes) {
 #ifdef DDP_SHM_X86_DISPATCH
   auto* out = static_cast<unsigned char*>(dst);
   const auto* in = static_cast<const unsigned char*>(src);
-  if (kCpu.avx) return move_avx<false>(out, in, bytes);
-  return move_sse2<false>(out, in, bytes);
+  if (kCpu.avx) return move_avx<kStream>(out, in, bytes);
+  return move_sse2<kStream>(out, in, bytes);
 #else
   std::memcpy(dst, src, bytes);
 #endif
 }
+}  // namespace
 
-void stream_bytes(void* dst, const void* src, std::size_t bytes) {
-#ifdef DDP_SHM_X86_DISPATCH
-  auto* out = static_cast<unsigned char*>(dst);
-  const auto* in = static_cast<const unsigned char*>(src);
-  if (kCpu.avx) return move_avx<true>(out, in, bytes);
-  return move_sse2<true>(out, in, bytes);
-#else
-  std::memcpy(dst, src, bytes);
-#endif
-}
+void copy_bytes(void* dst, const void* src, std::size_t bytes) { move_bytes<false>(dst, src, bytes); }
+void stream_bytes(void* dst, const void* src, std::size_t bytes) { move_bytes<true>(dst, src, bytes); }
 
 std::size_t dtype_size(DType dtype) {
   switch (dtype) {
