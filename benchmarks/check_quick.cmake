@@ -24,10 +24,10 @@ foreach(file results.csv results.json steps_mlp_b4_w1.png steps_mlp_b4_w2.png al
   endif()
 endforeach()
 # One CSV row per variant and world: 4 naive/local + 2 x 5 bucket sizes + ours_gloo + ours_view +
-# 8 features (join, detail, auto, optimizer, adam, zero_adam, zero_adam_overlap, fsdp_adam) + 5 hooks = 29
-# per world.
+# 9 features (join, detail, auto, optimizer, adam, zero_adam, zero_adam_overlap, fsdp_adam,
+# fsdp_adam+no_prefetch) + 5 hooks = 30 per world.
 file(STRINGS ${OUT}/results.csv rows REGEX "^mlp,")
 list(LENGTH rows count)
-if(NOT count EQUAL 58)
-  message(FATAL_ERROR "expected 58 result rows (29 variants x worlds 1 and 2), got ${count}")
+if(NOT count EQUAL 60)
+  message(FATAL_ERROR "expected 60 result rows (30 variants x worlds 1 and 2), got ${count}")
 endif()

@@ -274,6 +274,13 @@ void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& 
     for (const auto& param : block->parameters()) bytes += param.numel() * 4;
     largest_block_bytes = std::max(largest_block_bytes, bytes);
   }
+  // fully_shard's chunks are whole rows, ceil(rows / W) each: the parameters as sharded.
+  int64_t padded_parameters = 0;
+  const int64_t world = group->getSize();
+  for (const auto& param : model->parameters()) {
+    const int64_t rows = param.dim() == 0 ? 1 : param.size(0);
+    padded_parameters += (rows + world - 1) / world * world * (param.numel() / std::max<int64_t>(rows, 1));
+  }
   const double baseline = proc_status_mib("VmRSS");
   const double baseline_pss = proportional_set_mib();
   Variant variant = make_variant(spec, model, batch, groups);
@@ -304,6 +311,7 @@ void memory_job(const Options& o, const ModelConfig& config, const VariantSpec& 
   for (const auto& [name, bytes] : library_bytes) out["library_bytes"][name] = bytes;
   out["largest_block_bytes"] = largest_block_bytes;
   out["parameters"] = parameter_count(config);
+  out["padded_parameters"] = padded_parameters;
   std::ofstream(fs::path(o.out) / memory_file(config, group->getSize(), spec)) << out.dump(1) << "\n";
 }
 
@@ -566,6 +574,7 @@ std::vector<VariantSpec> memory_variants(const Options& o) {
   specs.push_back({Kind::ours_zero_adam, hook_cap(o.caps)});
   specs.push_back({Kind::ours_zero_adam_overlap, hook_cap(o.caps)});
   specs.push_back({Kind::fsdp_adam});
+  specs.push_back({Kind::fsdp_adam_no_prefetch});
   std::vector<VariantSpec> chosen;
   for (const auto& spec : specs) {
     if (selected(o, spec.kind_name())) chosen.push_back(spec);

@@ -113,7 +113,7 @@ json analyse(const json& raw, const std::map<std::string, json>& memory) {
       if (adam != by_id.end()) row["ratio_vs_adam"] = ratio(v, adam->second);
     }
     // Fully sharded data parallel: against plain Adam through DDP (its one cap).
-    if (kind == "fsdp_adam") {
+    if (kind.rfind("fsdp_adam", 0) == 0) {
       for (const auto& other : raw["variants"]) {
         if (other["kind"] == "ours+adam") row["ratio_vs_adam"] = ratio(v, other);
       }
@@ -151,7 +151,7 @@ json analyse(const json& raw, const std::map<std::string, json>& memory) {
       if (mem->second.contains("largest_parameter_bytes")) {
         row["largest_parameter_bytes"] = mem->second["largest_parameter_bytes"];
       }
-      for (const char* field : {"library_bytes", "largest_block_bytes", "parameters", "baseline_rss_mib"}) {
+      for (const char* field : {"library_bytes", "largest_block_bytes", "parameters", "padded_parameters", "baseline_rss_mib"}) {
         if (mem->second.contains(field)) row[field] = mem->second[field];
       }
     }
@@ -235,8 +235,10 @@ void print_summary(const json& raw, const json& rows, const Options& o) {
     std::printf("  %s @%s MiB: %.2f ms, %s/ours+adam %s\n", name, cap_label((*row)["bucket_cap_mb"].get<double>()).c_str(),
                 get(row, "median_ms"), name, fixed(get(row, "ratio_vs_adam")).c_str());
   }
-  if (const json* row = find_row(rows, "fsdp_adam")) {
-    std::printf("  fsdp_adam (ddp::fully_shard, every block): %.2f ms, fsdp_adam/ours+adam %s\n", get(row, "median_ms"),
+  for (const char* name : {"fsdp_adam", "fsdp_adam+no_prefetch"}) {
+    const json* row = find_row(rows, name);
+    if (!row) continue;
+    std::printf("  %s (ddp::fully_shard, every block): %.2f ms, %s/ours+adam %s\n", name, get(row, "median_ms"), name,
                 fixed(get(row, "ratio_vs_adam")).c_str());
   }
   if (const json* row = find_row(rows, "ours_auto")) {
@@ -286,29 +288,31 @@ void print_optimizer_state(const json& rows, int world) {
 }
 
 // fully_shard's memory at this world: the library's count of parameter, gradient and Adam state
-// bytes per rank against its promise (16/W bytes per parameter, plus one block's full parameters,
-// gradients and reduction buffer), and the peak RSS of a rank against DDP+Adam's.
-void print_fsdp_memory(const json& rows, int world) {
-  const json* fsdp = find_row(rows, "fsdp_adam");
+// bytes per rank against its promise (16/W bytes per parameter, plus one block's full parameters
+// and gradients), and the peak RSS of a rank against DDP+Adam's. A parameter whose rows W does not
+// divide is padded to W chunks of whole rows: the bound counts the parameters as padded.
+void print_fsdp_memory(const json& rows, int world, const char* variant) {
+  const json* fsdp = find_row(rows, variant);
   const json* adam = find_row(rows, "ours+adam");
   if (!fsdp || !fsdp->contains("library_bytes")) return;
   const json& bytes = (*fsdp)["library_bytes"];
   const double params = (*fsdp)["parameters"].get<double>();
+  const double padded = fsdp->contains("padded_parameters") ? (*fsdp)["padded_parameters"].get<double>() : params;
   const double held = bytes["parameter_bytes"].get<double>() + bytes["gradient_bytes"].get<double>() +
                       (*fsdp)["optimizer_state_bytes_per_rank"][0].get<double>();
-  const double bound = 16.0 / world * params + 2 * (*fsdp)["largest_block_bytes"].get<double>();
+  const double bound = 16.0 / world * padded + 2 * (*fsdp)["largest_block_bytes"].get<double>();
   const double peak = held + bytes["peak_unsharded_bytes"].get<double>();
-  std::printf("    fsdp_adam at world %d: shards + their gradients + Adam state %.1f MiB per rank (%.2f bytes/parameter; "
-              "16/W = %.2f); bound 16/W + one block's full parameters and gradients %.1f MiB: %s between steps; "
-              "with the most ever unsharded at once (full parameters, gradients, reduction buffer, the prefetched "
-              "block) %.1f MiB: %s\n",
-              world, held / (1 << 20), held / params, 16.0 / world, bound / (1 << 20), held <= bound ? "within" : "EXCEEDED",
-              peak / (1 << 20), peak <= bound ? "within" : "EXCEEDED");
+  std::printf("    %s at world %d: shards + their gradients + Adam state %.1f MiB per rank (%.2f bytes/parameter; "
+              "16/W = %.2f); bound 16/W (of %.0f parameters padded to W chunks, %.0f more than the model's) + one "
+              "block's full parameters and gradients %.1f MiB: %s between steps; with the most ever unsharded at once "
+              "(full parameters, gradients, reduction buffers, prefetched blocks) %.1f MiB: %s\n",
+              variant, world, held / (1 << 20), held / params, 16.0 / world, padded, padded - params, bound / (1 << 20),
+              held <= bound ? "within" : "EXCEEDED", peak / (1 << 20), peak <= bound ? "within" : "EXCEEDED");
   if (adam && adam->contains("baseline_rss_mib") && fsdp->contains("baseline_rss_mib")) {
     const double mine = get(fsdp, "baseline_rss_mib") + get(fsdp, "peak_rss_steady_mib");
     const double theirs = get(adam, "baseline_rss_mib") + get(adam, "peak_rss_steady_mib");
-    std::printf("    peak RSS per rank while training (the whole process): fsdp_adam %.0f MiB, ours+adam %.0f MiB, "
-                "fsdp_adam/ours+adam %.2f\n", mine, theirs, mine / theirs);
+    std::printf("    peak RSS per rank while training (the whole process): %s %.0f MiB, ours+adam %.0f MiB, "
+                "%s/ours+adam %.2f\n", variant, mine, theirs, variant, mine / theirs);
   }
 }
 
@@ -441,7 +445,9 @@ bool write_report(const Options& o, const std::string& load_at_start) {
         print_memory(rows, world, raw["parameters"].get<double>() * 4 / (1 << 20));
       }
       if (o.memory) print_optimizer_state(rows, world);
-      if (o.memory) print_fsdp_memory(rows, world);
+      if (o.memory) {
+        for (const char* variant : {"fsdp_adam", "fsdp_adam+no_prefetch"}) print_fsdp_memory(rows, world, variant);
+      }
       const std::string stem = "steps_" + config.label() + "_w" + std::to_string(world);
       write_plot_data(dir / (stem + ".dat"), rows, o);
       const std::string title = config.label() + ", world " + std::to_string(world);

@@ -45,6 +45,9 @@ enum class Kind {
   // Fully sharded data parallel (ddp::fully_shard on every block and the root) with Adam: against
   // ours+adam, its step time and its memory (parameters, gradients and Adam's state all 1/W).
   fsdp_adam,
+  // The same with forward_prefetch(false) and BackwardPrefetch::kNone: at most one block unsharded
+  // at once (its memory bound), reductions no longer overlapping compute.
+  fsdp_adam_no_prefetch,  // fsdp_adam+no_prefetch
 };
 
 struct VariantSpec {

@@ -40,10 +40,10 @@ TORCH_MODULE(ShardBlock);
 // The model as a port writes it: the blocks are called through ddp::sharded_forward (a plain call
 // when nothing is sharded, as in the one-process reference).
 struct ShardNetImpl : torch::nn::Module {
-  explicit ShardNetImpl(int64_t middle_hidden = 6000) {
+  explicit ShardNetImpl(int64_t middle_hidden = 6000, int64_t other_hidden = 7) {
     in = register_module("in", torch::nn::Linear(10, 11));
     for (int i = 0; i < 3; ++i) {
-      blocks.push_back(register_module("block" + std::to_string(i), ShardBlock(11, i == 1 ? middle_hidden : 7)));
+      blocks.push_back(register_module("block" + std::to_string(i), ShardBlock(11, i == 1 ? middle_hidden : other_hidden)));
     }
     out = register_module("out", torch::nn::Linear(11, 5));
   }
@@ -121,9 +121,9 @@ void train_against_one_process(const std::string& optimizer_kind, bool reshard_a
   }
   const double worst = max_difference(model.full_state_dict(), *reference);
   require(worst <= 1e-5, what + ": parameters differ from one process by " + std::to_string(worst));
-  // At most the root's parameters and gradients (in, out), one block's parameters, gradient and
-  // reduction buffer, and the next block's prefetched parameters were ever unsharded at once: not
-  // the whole model's.
+  // At most the root's parameters and gradients (in, out), one block's parameters and gradients,
+  // the next block's prefetched parameters, and the previous block's reduction buffers (its
+  // gradients, padded, and 1/W of them) were ever unsharded at once: not the whole model's.
   if (reshard_after_forward && micro_batches == 1) {
     const int64_t root_bytes = (reference->in->weight.numel() + reference->in->bias.numel() +
                                 reference->out->weight.numel() + reference->out->bias.numel()) * 4;
@@ -134,7 +134,7 @@ void train_against_one_process(const std::string& optimizer_kind, bool reshard_a
       block_bytes = std::max(block_bytes, bytes);
     }
     const auto stats = model.memory_stats();
-    require(stats.peak_unsharded_bytes <= 2 * root_bytes + 4 * block_bytes + 4 * 64,
+    require(stats.peak_unsharded_bytes <= 2 * root_bytes + 5 * block_bytes + 4 * 64,
             what + ": " + std::to_string(stats.peak_unsharded_bytes) + " bytes were unsharded at once; root " +
                 std::to_string(root_bytes) + ", a block " + std::to_string(block_bytes));
     int64_t chunk_bytes = 0;  // every parameter's ceil(rows / W) rows: this rank's padded chunks
@@ -161,6 +161,69 @@ TEST(FullyShard, TrainsAsOneProcessOnTheWholeBatch) {
   RunOptions gloo;
   gloo.env["TORCHDDP_SHM"] = "0";
   EXPECT_WORKERS_OK(run_workers("fsdp_matches_one_process", 2, gloo));
+}
+
+// Bytes of `params` padded to `world` chunks of whole rows: what one of their gathers fills.
+int64_t padded_bytes(const std::vector<torch::Tensor>& params, int world) {
+  int64_t bytes = 0;
+  for (const auto& param : params) {
+    const int64_t rows = param.size(0), row = param.numel() / rows;
+    bytes += (rows + world - 1) / world * world * row * 4;
+  }
+  return bytes;
+}
+
+// Each prefetch setting trains as one process (SGD, ten steps) and they differ in memory only:
+// with neither prefetch at most the root's and one block's full parameters and gradients were
+// alive at once; FSDP2's default holds more (the next block's gather, the previous reduction).
+DDP_WORKER(fsdp_prefetch_settings) {
+  worker_init();
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  struct Setting {
+    const char* name;
+    bool forward;
+    ddp::BackwardPrefetch backward;
+  };
+  std::map<std::string, int64_t> peak;
+  int64_t root_bytes = 0, block_bytes = 0;
+  for (const Setting& setting : {Setting{"default", true, ddp::BackwardPrefetch::kBackwardPre},
+                                 Setting{"backward post", true, ddp::BackwardPrefetch::kBackwardPost},
+                                 Setting{"none", false, ddp::BackwardPrefetch::kNone}}) {
+    torch::manual_seed(13);
+    ShardNet net(3000, 3000), reference(3000, 3000);  // three blocks of one size
+    copy_parameters(*net, *reference);
+    root_bytes = padded_bytes({reference->in->weight, reference->in->bias, reference->out->weight, reference->out->bias}, world);
+    block_bytes = padded_bytes(reference->blocks[0]->parameters(), world);
+    const auto options = ddp::FSDPOptions().forward_prefetch(setting.forward).backward_prefetch(setting.backward);
+    for (auto& block : net->blocks) ddp::fully_shard(block, options);
+    auto model = ddp::fully_shard(net, options);
+    torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    torch::optim::SGD reference_optimizer(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+    for (int step = 0; step < 10; ++step) {
+      auto [x, y] = batch(step, 10, 12);
+      y = y.narrow(1, 0, 5);
+      optimizer.zero_grad();
+      reference_optimizer.zero_grad();
+      torch::mse_loss(model.forward(shard(x, rank, world)), shard(y, rank, world)).backward();
+      torch::mse_loss(reference->forward(x), y).backward();
+      optimizer.step();
+      reference_optimizer.step();
+    }
+    const double worst = max_difference(model.full_state_dict(), *reference);
+    require(worst <= 1e-5, std::string(setting.name) + " prefetch: parameters differ from one process by " +
+                               std::to_string(worst));
+    peak[setting.name] = model.memory_stats().peak_unsharded_bytes;
+  }
+  const std::string sizes = "; the root " + std::to_string(root_bytes) + ", a block " + std::to_string(block_bytes);
+  require(peak["none"] <= 2 * root_bytes + 2 * block_bytes,
+          "without prefetch " + std::to_string(peak["none"]) + " bytes were unsharded at once" + sizes);
+  require(peak["default"] > 2 * root_bytes + 3 * block_bytes,
+          "with FSDP2's prefetching only " + std::to_string(peak["default"]) + " bytes were unsharded at once" + sizes +
+              ": the count misses the prefetched gather or the reduction in flight");
+}
+TEST(FullyShard, EveryPrefetchSettingTrainsAsOneProcessAndNoneHoldsOneBlock) {
+  EXPECT_WORKERS_OK(run_workers("fsdp_prefetch_settings", 2));
+  EXPECT_WORKERS_OK(run_workers("fsdp_prefetch_settings", 3));
 }
 
 // HSDP: shards inside pairs {0,1} and {2,3}, replicas across them; equals DDP over the four.

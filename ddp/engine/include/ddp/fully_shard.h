@@ -29,6 +29,9 @@
 //      on and averaged into the shards' .grad when the next block's reduction starts;
 //   3. at the end of backward, any unit whose parameters got no gradient is reduced too (zeros),
 //      so every rank runs the same collectives, and the last reduction completes.
+// The prefetches trade memory for overlap: FSDPOptions().forward_prefetch(false)
+// .backward_prefetch(ddp::BackwardPrefetch::kNone) keeps one block's full parameters and
+// gradients alive at most (memory_stats() counts them), for a model that barely fits.
 // The parameters the module registers stay the same tensors throughout (their data is swapped
 // between the shard and the full value), so an optimizer built before or after fully_shard works
 // and module->parameters() are the shards, except between unshard() and reshard(). .grad is the
@@ -76,6 +79,22 @@ struct MixedPrecisionPolicy {
   TORCH_ARG(bool, cast_forward_inputs) = true;
 };
 
+// When a block's backward launches the gather of the block whose backward comes next (the
+// previous one in forward): PyTorch FSDP1's BackwardPrefetch, whose values these mirror.
+enum class BackwardPrefetch {
+  // As the block's backward starts (FSDP2's and the default): the gather overlaps the whole of
+  // the block's backward, while its full parameters, its gradients, the next block's parameters
+  // and the previous block's reduce-scatter buffers are all alive.
+  kBackwardPre,
+  // Once the block's gradients are computed and its full parameters freed: less overlap, one
+  // block's parameters fewer alive at once.
+  kBackwardPost,
+  // Never; and a block's backward first completes the previous block's reduce-scatter (freeing
+  // its buffers). With forward_prefetch(false), at most one block's full parameters and gradients
+  // are alive at any time: the least memory, the reductions no longer overlapping compute.
+  kNone,
+};
+
 struct FSDPOptions {
   // Free the full parameters after the block's forward (gathered again for backward); false keeps
   // them until backward, trading memory for one all-gather per block. (The root always keeps them.)
@@ -87,11 +106,18 @@ struct FSDPOptions {
   // reduce-scattered along 1, then all-reduced along 0. Overrides process_group.
   TORCH_ARG(c10::optional<DeviceMesh>, mesh) = c10::nullopt;
   TORCH_ARG(MixedPrecisionPolicy, mixed_precision) = {};
+  // Launch the next block's gather as this one's forward starts (FSDP2 prefetches in forward
+  // too); false gathers each block when its forward starts, one block's parameters alive at once.
+  TORCH_ARG(bool, forward_prefetch) = true;
+  TORCH_ARG(BackwardPrefetch, backward_prefetch) = BackwardPrefetch::kBackwardPre;
 };
 
 // What a sharded model holds on this rank (FSDPModule::memory_stats): its shards and their
 // gradients now, and the most bytes of full parameters, full gradients and reduction buffers
-// that were alive at once (one block's, when blocks are sharded and reshard_after_forward is on).
+// that were alive at once: one block's parameters and gradients when blocks are sharded with
+// reshard_after_forward, forward_prefetch(false) and BackwardPrefetch::kNone; with the default
+// prefetching, up to a block's parameters and gradients, the next block's parameters and the
+// previous block's reduction buffers.
 struct FSDPMemoryStats {
   int64_t parameter_bytes = 0;
   int64_t gradient_bytes = 0;

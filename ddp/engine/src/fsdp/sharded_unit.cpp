@@ -73,6 +73,17 @@ void for_each_state_of(torch::optim::Optimizer* optimizer, const at::Tensor& par
 // Parameters smaller than this many elements travel packed, in one collective per unit.
 constexpr int64_t kPackedBelow = int64_t{1} << 16;
 
+// A full gradient's rows into their ranks' chunks ({W, chunk} rows of a zeroed buffer): the
+// padding after the last rows stays zero.
+void copy_into_chunks(const at::Tensor& full, const at::Tensor& chunks) {
+  const at::Tensor flat = full.reshape(-1);
+  const int64_t chunk = chunks.size(1);
+  for (int64_t r = 0; r < chunks.size(0) && r * chunk < flat.numel(); ++r) {
+    const int64_t n = std::min(chunk, flat.numel() - r * chunk);
+    chunks[r].narrow(0, 0, n).copy_(flat.narrow(0, r * chunk, n));
+  }
+}
+
 void swap_grad(at::Tensor& param, at::Tensor& waiting) {
   at::Tensor current = param.grad();
   param.mutable_grad() = std::move(waiting);
@@ -123,6 +134,7 @@ ShardedUnit::ShardedUnit(const std::shared_ptr<torch::nn::Module>& module, std::
     params_[i].set_data(shard_views_[i]);
   }
   waiting_grads_.resize(params_.size());
+  counted_grad_bytes_.assign(params_.size(), 0);
 }
 
 ShardedUnit::~ShardedUnit() { disarm_backward(); }
@@ -231,7 +243,9 @@ at::Tensor ShardedUnit::cast_input(const at::Tensor& input) const {
 void ShardedUnit::before_forward() {
   tree_->forward_started(shared_from_this());
   unshard();
-  if (auto next = tree_->next_in_forward(this)) next->start_gather();  // while this block computes
+  if (options_.forward_prefetch()) {
+    if (auto next = tree_->next_in_forward(this)) next->start_gather();  // while this block computes
+  }
   bool trains = false;
   for (const auto& param : params_) trains = trains || param.requires_grad();
   if (torch::GradMode::is_enabled() && trains) arm_backward();
@@ -287,25 +301,33 @@ void ShardedUnit::disarm_backward() {
 
 void ShardedUnit::before_backward() {
   if (backward_ != Backward::kExpecting || full_grads_) return;
+  // No prefetch: the previous block's reduction buffers go before this block's gradients come.
+  if (options_.backward_prefetch() == BackwardPrefetch::kNone) tree_->complete_reduction();
   unshard();
   // From here until the reduction, .grad is the full gradient autograd accumulates into (after
   // set_requires_gradient_sync(false): the sum so far); the shard's waits.
   for (size_t i = 0; i < params_.size(); ++i) swap_grad(params_[i], waiting_grads_[i]);
   full_grads_ = true;
   tree_->backward_started();
-  if (auto previous = tree_->previous_in_forward(this)) previous->start_gather();  // its backward comes next
+  if (options_.backward_prefetch() == BackwardPrefetch::kBackwardPre) prefetch_for_backward();
+}
+
+// The gather of the unit whose backward comes next, launched now to overlap what runs before it.
+void ShardedUnit::prefetch_for_backward() {
+  if (auto previous = tree_->previous_in_forward(this)) previous->start_gather();
 }
 
 void ShardedUnit::on_gradient_ready(size_t i) {
   if (backward_ != Backward::kExpecting || ready_[i]) return;
   ready_[i] = true;
-  if (--pending_ == 0) reduce_gradients();
+  count_full_grad(i);
+  if (--pending_ > 0) return;
+  reduce_gradients();
+  if (options_.backward_prefetch() == BackwardPrefetch::kBackwardPost) prefetch_for_backward();
 }
 
 // One reduce-scatter per parameter, launched; complete_reduction() averages the result into the
-// shards' gradients. A full gradient whose rows split evenly is already its W chunks side by side
-// (rank r's are rows r*c..): it is reduced where it lies; others are padded in a copy. Without
-// sync the full gradients are kept for the next backward instead.
+// shards' gradients. Without sync the full gradients are kept for the next backward instead.
 void ShardedUnit::reduce_gradients() {
   disarm_backward();
   backward_ = Backward::kReduced;
@@ -313,54 +335,94 @@ void ShardedUnit::reduce_gradients() {
     tree_->reduction_started(shared_from_this());  // the previous one's buffers freed first
     shard_grads_back();  // the full gradients now wait: they are read from there
     reshard();           // the full parameters are not needed to reduce: freed before any buffer
-    const auto reduce_dtype = options_.mixed_precision().reduce_dtype().value_or(flat_shard_.scalar_type());
-    const auto reduce_options = flat_shard_.options().dtype(reduce_dtype);
-    UnitSpan span(Timeline::kBucketFill, "fsdp reduce-scatter launched", label_);
-    InFlight reduction;
-    verify_if_detail(groups_.shard,
-                     fingerprint(CollectiveOp::kReduceScatter, flat_shard_, -1, static_cast<int64_t>(c10d::ReduceOp::SUM)),
-                     "ddp::fully_shard");
-    const int world = layout_.world();
-    at::Tensor packed_input, packed_output;
-    if (layout_.packed_numel() > 0) {
-      packed_input = at::zeros({layout_.packed_numel() * world}, reduce_options);
-      packed_output = at::empty({layout_.packed_numel()}, reduce_options);
-    }
-    for (size_t i = 0; i < params_.size(); ++i) {
-      if (!params_[i].requires_grad()) continue;
-      const ShardSlot& slot = layout_.slots()[i];
-      at::Tensor full = std::exchange(waiting_grads_[i], at::Tensor());
-      if (full.defined()) full = full.to(reduce_dtype).contiguous();
-      at::Tensor input;  // the W chunks side by side, padded
-      if (full.defined() && slot.rows == slot.chunk_rows * world) {
-        input = full.view(-1);
-      } else {
-        input = at::zeros({slot.padded_numel() * world}, reduce_options);
-        if (full.defined()) input.narrow(0, 0, full.numel()).copy_(full.view(-1));
-      }
-      if (slot.packed) {
-        layout_.packed_chunks(packed_input, i).copy_(input.view({world, slot.padded_numel()}));
-        reduction.views.emplace_back(i, packed_output.narrow(0, slot.offset, slot.padded_numel()));
-        continue;
-      }
-      at::Tensor output = at::empty({slot.padded_numel()}, reduce_options);
-      reduction.works.push_back(groups_.shard->_reduce_scatter_base(output, input));
-      reduction.views.emplace_back(i, output);
-      reduction.inputs.push_back(std::move(input));
-      reduction.outputs.push_back(std::move(output));
-    }
-    if (packed_input.defined()) {
-      reduction.works.push_back(groups_.shard->_reduce_scatter_base(packed_output, packed_input));
-      reduction.inputs.push_back(std::move(packed_input));
-      reduction.outputs.push_back(std::move(packed_output));
-    }
-    for (const auto& tensor : reduction.inputs) reduction.bytes += tensor.nbytes();
-    for (const auto& tensor : reduction.outputs) reduction.bytes += tensor.nbytes();
-    tree_->count_unsharded(reduction.bytes);
-    reduction_ = std::move(reduction);
+    launch_reduction();
   }
   shard_grads_back();  // without sync: the full gradients wait for the next backward
   reshard();
+}
+
+// In an order that holds little more than the full gradients at any time: first the inputs (a
+// full gradient whose rows split evenly is already its W chunks side by side, rank r's rows
+// r*c..: it is reduced where it lies; others are copied, padded, and let go), then the outputs
+// (1/W of the inputs), then the launches. Each buffer is counted as unsharded when allocated;
+// a gradient reduced where it lies keeps its count, as the input.
+void ShardedUnit::launch_reduction() {
+  const auto reduce_dtype = options_.mixed_precision().reduce_dtype().value_or(flat_shard_.scalar_type());
+  const auto reduce_options = flat_shard_.options().dtype(reduce_dtype);
+  UnitSpan span(Timeline::kBucketFill, "fsdp reduce-scatter launched", label_);
+  verify_if_detail(groups_.shard,
+                   fingerprint(CollectiveOp::kReduceScatter, flat_shard_, -1, static_cast<int64_t>(c10d::ReduceOp::SUM)),
+                   "ddp::fully_shard");
+  InFlight reduction;
+  auto hold = [&](int64_t bytes) {
+    tree_->count_unsharded(bytes);
+    reduction.bytes += bytes;
+  };
+  const int world = layout_.world();
+  at::Tensor packed_input;
+  if (layout_.packed_numel() > 0) {
+    packed_input = at::zeros({layout_.packed_numel() * world}, reduce_options);
+    hold(packed_input.nbytes());
+  }
+  std::vector<std::pair<size_t, at::Tensor>> inputs;  // the parameters reduced one by one
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!params_[i].requires_grad()) continue;
+    const ShardSlot& slot = layout_.slots()[i];
+    int64_t grad_bytes = std::exchange(counted_grad_bytes_[i], 0);
+    at::Tensor full = std::exchange(waiting_grads_[i], at::Tensor());
+    if (full.defined() && (full.scalar_type() != reduce_dtype || !full.is_contiguous())) {
+      at::Tensor converted = full.to(reduce_dtype).contiguous();
+      tree_->count_unsharded(static_cast<int64_t>(converted.nbytes()) - grad_bytes);  // the original goes
+      grad_bytes = static_cast<int64_t>(converted.nbytes());
+      full = std::move(converted);
+    }
+    at::Tensor input;  // the W chunks side by side, padded
+    if (slot.packed) {
+      if (full.defined()) copy_into_chunks(full, layout_.packed_chunks(packed_input, i));
+    } else if (full.defined() && slot.rows == slot.chunk_rows * world) {
+      input = full.view(-1);
+      reduction.bytes += std::exchange(grad_bytes, 0);  // the gradient is the input: its count moves
+    } else {
+      input = at::zeros({slot.padded_numel() * world}, reduce_options);
+      hold(input.nbytes());
+      if (full.defined()) copy_into_chunks(full, input.view({world, slot.padded_numel()}));
+    }
+    full = at::Tensor();
+    tree_->count_unsharded(-grad_bytes);
+    if (input.defined()) inputs.emplace_back(i, std::move(input));
+  }
+  for (auto& [i, input] : inputs) {
+    at::Tensor output = at::empty({layout_.slots()[i].padded_numel()}, reduce_options);
+    hold(output.nbytes());
+    reduction.works.push_back(groups_.shard->_reduce_scatter_base(output, input));
+    reduction.views.emplace_back(i, output);
+    reduction.inputs.push_back(std::move(input));
+    reduction.outputs.push_back(std::move(output));
+  }
+  if (packed_input.defined()) {
+    at::Tensor packed_output = at::empty({layout_.packed_numel()}, reduce_options);
+    hold(packed_output.nbytes());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const ShardSlot& slot = layout_.slots()[i];
+      if (slot.packed && params_[i].requires_grad()) {
+        reduction.views.emplace_back(i, packed_output.narrow(0, slot.offset, slot.padded_numel()));
+      }
+    }
+    reduction.works.push_back(groups_.shard->_reduce_scatter_base(packed_output, packed_input));
+    reduction.inputs.push_back(std::move(packed_input));
+    reduction.outputs.push_back(std::move(packed_output));
+  }
+  reduction_ = std::move(reduction);
+}
+
+// The full gradients count as unsharded from the moment autograd has accumulated them (after
+// set_requires_gradient_sync(false): the sum so far, counted once) until they are reduced.
+void ShardedUnit::count_full_grad(size_t i) {
+  const at::Tensor& grad = params_[i].grad();
+  if (!full_grads_ || !grad.defined()) return;
+  const int64_t bytes = static_cast<int64_t>(grad.nbytes());
+  tree_->count_unsharded(bytes - counted_grad_bytes_[i]);
+  counted_grad_bytes_[i] = bytes;
 }
 
 at::Tensor& ShardedUnit::shard_grad_slot(size_t i) {
@@ -522,8 +584,7 @@ void ShardTree::finish() {
   for (const auto& weak : units_) {
     if (auto unit = weak.lock()) unit->finish_backward();
   }
-  if (auto last = reducing_.lock()) last->complete_reduction();
-  reducing_.reset();
+  complete_reduction();
   for (const auto& weak : units_) {
     if (auto unit = weak.lock()) unit->drop_unused_gather();
   }
@@ -556,8 +617,13 @@ std::shared_ptr<ShardedUnit> ShardTree::previous_in_forward(const ShardedUnit* u
 }
 
 void ShardTree::reduction_started(const std::shared_ptr<ShardedUnit>& unit) {
-  if (auto previous = reducing_.lock()) previous->complete_reduction();
+  complete_reduction();
   reducing_ = unit;
+}
+
+void ShardTree::complete_reduction() {
+  if (auto last = reducing_.lock()) last->complete_reduction();
+  reducing_.reset();
 }
 
 }  // namespace ddp::detail

@@ -87,10 +87,13 @@ class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
   enum class State { kSharded, kUnsharded, kWhole };
   enum class Backward { kIdle, kExpecting, kReduced };
 
+  void prefetch_for_backward();
   void arm_backward();
   void disarm_backward();
   void on_gradient_ready(size_t i);
   void reduce_gradients();
+  void launch_reduction();
+  void count_full_grad(size_t i);
   at::Tensor& shard_grad_slot(size_t i);
   void shard_grads_back();
   at::Tensor gather_rows(const at::Tensor& local, size_t i) const;
@@ -132,6 +135,7 @@ class ShardedUnit : public std::enable_shared_from_this<ShardedUnit> {
   // In backward, from the gradient reaching the unit's outputs to the reduction (full_grads_),
   // the other way round: .grad is the full gradient autograd accumulates into.
   std::vector<at::Tensor> waiting_grads_;
+  std::vector<int64_t> counted_grad_bytes_;  // each full gradient's bytes in the tree's count
   bool full_grads_ = false;
   State state_ = State::kSharded;
   Backward backward_ = Backward::kIdle;
@@ -162,6 +166,8 @@ class ShardTree : public std::enable_shared_from_this<ShardTree> {
   // At most one reduce-scatter in flight: the previous one completes when the next is launched,
   // so the reduction buffers of one block at a time are alive, not the whole model's.
   void reduction_started(const std::shared_ptr<ShardedUnit>& unit);
+  // The reduce-scatter in flight, if any, waited for and its buffers freed.
+  void complete_reduction();
 
   // The bytes of full parameters, full gradients and reduction buffers alive now, and the most
   // alive at once since construction (what sharding leaves unsharded at its peak).
