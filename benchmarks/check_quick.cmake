@@ -25,7 +25,7 @@ foreach(file results.csv results.json steps_mlp_b4_w1.png steps_mlp_b4_w2.png al
 endforeach()
 # One CSV row per variant and world: 4 naive/local + 2 x 5 bucket sizes + ours_gloo + ours_view +
 # 9 features (join, detail, auto, optimizer, adam, zero_adam, zero_adam_overlap, fsdp_adam,
-# fsdp_adam+no_prefetch) + 5 hooks = 30 per world.
+# fsdp_adam+prefetch) + 5 hooks = 30 per world.
 file(STRINGS ${OUT}/results.csv rows REGEX "^mlp,")
 list(LENGTH rows count)
 if(NOT count EQUAL 60)

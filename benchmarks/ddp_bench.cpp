@@ -574,7 +574,7 @@ std::vector<VariantSpec> memory_variants(const Options& o) {
   specs.push_back({Kind::ours_zero_adam, hook_cap(o.caps)});
   specs.push_back({Kind::ours_zero_adam_overlap, hook_cap(o.caps)});
   specs.push_back({Kind::fsdp_adam});
-  specs.push_back({Kind::fsdp_adam_no_prefetch});
+  specs.push_back({Kind::fsdp_adam_prefetch});
   std::vector<VariantSpec> chosen;
   for (const auto& spec : specs) {
     if (selected(o, spec.kind_name())) chosen.push_back(spec);

@@ -160,6 +160,12 @@ json analyse(const json& raw, const std::map<std::string, json>& memory) {
   return rows;
 }
 
+// How the bench's two fully_shard variants are set (variants.h).
+const char* fsdp_settings(const std::string& variant) {
+  return variant == "fsdp_adam" ? "no prefetch: forward_prefetch(false), BackwardPrefetch::kNone"
+                                : "FSDP2's prefetching, fully_shard's defaults";
+}
+
 const json* find_row(const json& rows, const std::string& variant, double cap = -1) {
   for (const auto& row : rows) {
     if (row["variant"] != variant) continue;
@@ -235,11 +241,11 @@ void print_summary(const json& raw, const json& rows, const Options& o) {
     std::printf("  %s @%s MiB: %.2f ms, %s/ours+adam %s\n", name, cap_label((*row)["bucket_cap_mb"].get<double>()).c_str(),
                 get(row, "median_ms"), name, fixed(get(row, "ratio_vs_adam")).c_str());
   }
-  for (const char* name : {"fsdp_adam", "fsdp_adam+no_prefetch"}) {
+  for (const char* name : {"fsdp_adam", "fsdp_adam+prefetch"}) {
     const json* row = find_row(rows, name);
     if (!row) continue;
-    std::printf("  %s (ddp::fully_shard, every block): %.2f ms, %s/ours+adam %s\n", name, get(row, "median_ms"), name,
-                fixed(get(row, "ratio_vs_adam")).c_str());
+    std::printf("  %s (ddp::fully_shard, every block, %s): %.2f ms, %s/ours+adam %s\n", name, fsdp_settings(name),
+                get(row, "median_ms"), name, fixed(get(row, "ratio_vs_adam")).c_str());
   }
   if (const json* row = find_row(rows, "ours_auto")) {
     std::printf("  ours_auto (bucket_cap_mb_auto, %s MiB): %.2f ms, ours_auto/ours@%s (the fastest fixed cap) %s\n",
@@ -302,11 +308,11 @@ void print_fsdp_memory(const json& rows, int world, const char* variant) {
                       (*fsdp)["optimizer_state_bytes_per_rank"][0].get<double>();
   const double bound = 16.0 / world * padded + 2 * (*fsdp)["largest_block_bytes"].get<double>();
   const double peak = held + bytes["peak_unsharded_bytes"].get<double>();
-  std::printf("    %s at world %d: shards + their gradients + Adam state %.1f MiB per rank (%.2f bytes/parameter; "
+  std::printf("    %s (%s) at world %d: shards + their gradients + Adam state %.1f MiB per rank (%.2f bytes/parameter; "
               "16/W = %.2f); bound 16/W (of %.0f parameters padded to W chunks, %.0f more than the model's) + one "
               "block's full parameters and gradients %.1f MiB: %s between steps; with the most ever unsharded at once "
               "(full parameters, gradients, reduction buffers, prefetched blocks) %.1f MiB: %s\n",
-              variant, world, held / (1 << 20), held / params, 16.0 / world, padded, padded - params, bound / (1 << 20),
+              variant, fsdp_settings(variant), world, held / (1 << 20), held / params, 16.0 / world, padded, padded - params, bound / (1 << 20),
               held <= bound ? "within" : "EXCEEDED", peak / (1 << 20), peak <= bound ? "within" : "EXCEEDED");
   if (adam && adam->contains("baseline_rss_mib") && fsdp->contains("baseline_rss_mib")) {
     const double mine = get(fsdp, "baseline_rss_mib") + get(fsdp, "peak_rss_steady_mib");
@@ -446,7 +452,7 @@ bool write_report(const Options& o, const std::string& load_at_start) {
       }
       if (o.memory) print_optimizer_state(rows, world);
       if (o.memory) {
-        for (const char* variant : {"fsdp_adam", "fsdp_adam+no_prefetch"}) print_fsdp_memory(rows, world, variant);
+        for (const char* variant : {"fsdp_adam", "fsdp_adam+prefetch"}) print_fsdp_memory(rows, world, variant);
       }
       const std::string stem = "steps_" + config.label() + "_w" + std::to_string(world);
       write_plot_data(dir / (stem + ".dat"), rows, o);

@@ -331,7 +331,7 @@ std::string VariantSpec::kind_name() const {
     case Kind::ours_zero_adam: return "ours+zero_adam";
     case Kind::ours_zero_adam_overlap: return "ours+zero_adam_overlap";
     case Kind::fsdp_adam: return "fsdp_adam";
-    case Kind::fsdp_adam_no_prefetch: return "fsdp_adam+no_prefetch";
+    case Kind::fsdp_adam_prefetch: return "fsdp_adam+prefetch";
   }
   return "?";
 }
@@ -353,7 +353,7 @@ VariantSpec parse_variant(const std::string& id) {
                     Kind::ours_join, Kind::ours_detail, Kind::ours_auto, Kind::ours_optimizer, Kind::ours_fp16, Kind::ours_bf16,
                     Kind::ours_powersgd1, Kind::ours_powersgd4, Kind::reducer_fp16,
                     Kind::ours_syncbn, Kind::ours_adam, Kind::ours_zero_adam, Kind::ours_zero_adam_overlap,
-                    Kind::fsdp_adam, Kind::fsdp_adam_no_prefetch}) {
+                    Kind::fsdp_adam, Kind::fsdp_adam_prefetch}) {
     spec.kind = kind;
     if (spec.kind_name() == name) return spec;
   }
@@ -385,7 +385,7 @@ std::vector<VariantSpec> all_variants(const std::vector<double>& caps, const std
     specs.push_back({Kind::ours_zero_adam, hook_cap(caps)});
     specs.push_back({Kind::ours_zero_adam_overlap, hook_cap(caps)});
     specs.push_back({Kind::fsdp_adam});
-    specs.push_back({Kind::fsdp_adam_no_prefetch});
+    specs.push_back({Kind::fsdp_adam_prefetch});
   }
   if (features && batchnorm && !view_caps.empty()) specs.push_back({Kind::ours_syncbn, view_caps.front()});
   if (hooks) {
@@ -400,7 +400,7 @@ bool uses_sync_batchnorm(const VariantSpec& spec) { return spec.kind == Kind::ou
 
 bool holds_adam_state(const VariantSpec& spec) {
   return spec.kind == Kind::ours_adam || spec.kind == Kind::ours_zero_adam || spec.kind == Kind::ours_zero_adam_overlap ||
-         spec.kind == Kind::fsdp_adam || spec.kind == Kind::fsdp_adam_no_prefetch;
+         spec.kind == Kind::fsdp_adam || spec.kind == Kind::fsdp_adam_prefetch;
 }
 
 Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, const Batch& batch,
@@ -431,11 +431,11 @@ Variant make_variant(const VariantSpec& spec, std::shared_ptr<BenchNet> model, c
     case Kind::ours_adam:
     case Kind::ours_zero_adam:
     case Kind::ours_zero_adam_overlap: v = ours(model, batch, group, spec); break;
-    case Kind::fsdp_adam: v = fsdp(model, batch, group, ddp::FSDPOptions()); break;
-    case Kind::fsdp_adam_no_prefetch:
+    case Kind::fsdp_adam:
       v = fsdp(model, batch, group,
                ddp::FSDPOptions().forward_prefetch(false).backward_prefetch(ddp::BackwardPrefetch::kNone));
       break;
+    case Kind::fsdp_adam_prefetch: v = fsdp(model, batch, group, ddp::FSDPOptions()); break;
   }
   v.spec = spec;
   return v;

@@ -44,10 +44,12 @@ enum class Kind {
   ours_zero_adam_overlap,  // ours+zero_adam_overlap
   // Fully sharded data parallel (ddp::fully_shard on every block and the root) with Adam: against
   // ours+adam, its step time and its memory (parameters, gradients and Adam's state all 1/W).
+  // Set for a model that outgrows a rank: forward_prefetch(false), BackwardPrefetch::kNone, at
+  // most one block unsharded at once (issue 41's bound).
   fsdp_adam,
-  // The same with forward_prefetch(false) and BackwardPrefetch::kNone: at most one block unsharded
-  // at once (its memory bound), reductions no longer overlapping compute.
-  fsdp_adam_no_prefetch,  // fsdp_adam+no_prefetch
+  // fully_shard's defaults (FSDP2's prefetching): the next block's gather and the previous one's
+  // reduction overlap compute, holding up to about four blocks at once.
+  fsdp_adam_prefetch,  // fsdp_adam+prefetch
 };
 
 struct VariantSpec {
