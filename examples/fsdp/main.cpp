@@ -9,6 +9,10 @@
 //   ddprun --nproc-per-node 4 fsdp_big_model                  # fully sharded
 //   ddprun --nproc-per-node 4 fsdp_big_model --ddp            # the same training through DDP
 //
+// A model that barely fits is sharded without prefetch (forward_prefetch(false),
+// BackwardPrefetch::kNone): at most one block's full parameters and gradients at once. --prefetch
+// uses fully_shard's defaults (FSDP2's prefetching: more overlap, up to about four blocks at once).
+//
 // Rank 0 prints the loss of each step and what a rank holds (the library's count).
 #include <cstdio>
 #include <cstdlib>
@@ -50,6 +54,7 @@ struct Options {
   int steps = 3;
   int64_t batch = 8;
   bool ddp = false;
+  bool prefetch = false;  // fully_shard's default prefetching instead of one block at a time
   bool vm_peak = false;  // print this rank's peak virtual memory (what prlimit --as caps) at the end
 };
 
@@ -104,8 +109,11 @@ int run(const Options& options) {
     torch::optim::Adam optimizer(model.parameters(), 1e-4);
     train(options, model, optimizer, "ddp");
   } else {
-    for (auto& block : net->blocks) ddp::fully_shard(block);
-    auto model = ddp::fully_shard(net);
+    const auto sharding = options.prefetch ? ddp::FSDPOptions()
+                                           : ddp::FSDPOptions().forward_prefetch(false).backward_prefetch(
+                                                 ddp::BackwardPrefetch::kNone);
+    for (auto& block : net->blocks) ddp::fully_shard(block, sharding);
+    auto model = ddp::fully_shard(net, sharding);
     torch::optim::Adam optimizer(net->parameters(), 1e-4);
     train(options, model, optimizer, "fsdp");
     const auto stats = model.memory_stats();
@@ -133,6 +141,8 @@ int main(int argc, char** argv) {
   app.add_option("--steps", options.steps, "Adam steps")->check(examples::whole_number(0, 1 << 20));
   app.add_option("--batch", options.batch, "samples per step on each rank")->check(examples::batch_size());
   app.add_flag("--ddp", options.ddp, "train through DistributedDataParallel instead, for comparison");
+  app.add_flag("--prefetch", options.prefetch,
+               "fully_shard's default prefetching (more overlap, more blocks unsharded at once)");
   app.add_flag("--vm-peak", options.vm_peak, "print each rank's peak virtual memory (what prlimit --as caps)");
   if (const auto exit_code = examples::parse_command_line(app, argc, argv)) return *exit_code;
   try {

@@ -1,7 +1,8 @@
 // ddp::fully_shard (fully sharded data parallel): training equals one process on the whole batch
-// (SGD and Adam, W = 2 and 3, reshard_after_forward on and off, gradient accumulation), HSDP on a
-// 2 x 2 mesh equals DDP, bf16 mixed precision stays near float32, the shards really are 1/W, and
-// every refusal names what was wrong.
+// (SGD and Adam, W = 2 and 3, reshard_after_forward on and off, gradient accumulation, each
+// prefetch setting), HSDP on a 2 x 2 mesh equals DDP, bf16 mixed precision stays near float32, the
+// shards really are 1/W, without prefetch at most one block is unsharded at once, and every
+// refusal names what was wrong.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
