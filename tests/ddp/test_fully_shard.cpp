@@ -164,6 +164,23 @@ TEST(FullyShard, TrainsAsOneProcessOnTheWholeBatch) {
   EXPECT_WORKERS_OK(run_workers("fsdp_matches_one_process", 2, gloo));
 }
 
+// One SGD-style step of each: the sharded model on this rank's slice of the step's batch, the
+// reference on all of it. Returns the step's whole input.
+template <typename Sharded, typename Reference>
+torch::Tensor step_against_one_process(Sharded& model, Reference& reference, torch::optim::Optimizer& optimizer,
+                                       torch::optim::Optimizer& reference_optimizer, int step, int64_t features) {
+  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  auto [x, y] = batch(step, features, 12);
+  y = y.narrow(1, 0, 5);
+  optimizer.zero_grad();
+  reference_optimizer.zero_grad();
+  torch::mse_loss(model.forward(shard(x, rank, world)), shard(y, rank, world)).backward();
+  torch::mse_loss(reference->forward(x), y).backward();
+  optimizer.step();
+  reference_optimizer.step();
+  return x;
+}
+
 // Bytes of `params` padded to `world` chunks of whole rows: what one of their gathers fills.
 int64_t padded_bytes(const std::vector<torch::Tensor>& params, int world) {
   int64_t bytes = 0;
@@ -179,7 +196,7 @@ int64_t padded_bytes(const std::vector<torch::Tensor>& params, int world) {
 // alive at once; FSDP2's default holds more (the next block's gather, the previous reduction).
 DDP_WORKER(fsdp_prefetch_settings) {
   worker_init();
-  const int rank = ddp::get_rank(), world = ddp::get_world_size();
+  const int world = ddp::get_world_size();
   struct Setting {
     const char* name;
     bool forward;
@@ -200,16 +217,7 @@ DDP_WORKER(fsdp_prefetch_settings) {
     auto model = ddp::fully_shard(net, options);
     torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     torch::optim::SGD reference_optimizer(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
-    for (int step = 0; step < 10; ++step) {
-      auto [x, y] = batch(step, 10, 12);
-      y = y.narrow(1, 0, 5);
-      optimizer.zero_grad();
-      reference_optimizer.zero_grad();
-      torch::mse_loss(model.forward(shard(x, rank, world)), shard(y, rank, world)).backward();
-      torch::mse_loss(reference->forward(x), y).backward();
-      optimizer.step();
-      reference_optimizer.step();
-    }
+    for (int step = 0; step < 10; ++step) step_against_one_process(model, reference, optimizer, reference_optimizer, step, 10);
     const double worst = max_difference(model.full_state_dict(), *reference);
     require(worst <= 1e-5, std::string(setting.name) + " prefetch: parameters differ from one process by " +
                                std::to_string(worst));
@@ -862,7 +870,6 @@ TORCH_MODULE(MixedNet);
 // between steps changes nothing: all as one process on the whole batch.
 DDP_WORKER(fsdp_frozen_unused_and_eval) {
   worker_init();
-  const int rank = ddp::get_rank(), world = ddp::get_world_size();
   torch::manual_seed(3);
   MixedNet net, reference;
   copy_parameters(*net, *reference);
@@ -870,14 +877,7 @@ DDP_WORKER(fsdp_frozen_unused_and_eval) {
   torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   torch::optim::SGD reference_optimizer(reference->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
   for (int step = 0; step < 6; ++step) {
-    auto [x, y] = batch(step, 6, 12);
-    y = y.narrow(1, 0, 5);
-    optimizer.zero_grad();
-    reference_optimizer.zero_grad();
-    torch::mse_loss(model.forward(shard(x, rank, world)), shard(y, rank, world)).backward();
-    torch::mse_loss(reference->forward(x), y).backward();
-    optimizer.step();
-    reference_optimizer.step();
+    const auto x = step_against_one_process(model, reference, optimizer, reference_optimizer, step, 6);
     torch::NoGradGuard no_grad;  // an evaluation between steps
     model.eval();
     const auto evaluated = model.forward(x);
