@@ -13,6 +13,7 @@
 #include <random>
 #include <regex>
 #include <typeinfo>
+#include <utility>
 #include <vector>
 
 #include <torch/cuda.h>
@@ -895,36 +896,26 @@ void apply_rng(const RankState& read) {
   if (read.rng_cpu.defined()) restore_rng_state(read.rng_cpu, read.rng_cuda);
 }
 
-// The optimizer's per-parameter state and its groups' options as they were, put back bitwise when
-// a load fails after changing them (a fresh optimizer comes back with no state).
+// The optimizer as it was, put back bitwise when a load fails after changing it (a fresh optimizer
+// comes back with no state): its per-parameter state and groups' options, and what it keeps
+// beyond them (stateful.h: ZeroRedundancyOptimizer's shard and snapshot).
 class OptimizerBefore {
  public:
   explicit OptimizerBefore(torch::optim::Optimizer* optimizer) : optimizer_(optimizer) {
     if (optimizer_ == nullptr) return;
-    for (const auto& [key, state] : optimizer_->state()) {
-      auto copy = state->clone();
-      // Cloned: a load must not reach these through shared tensors.
-      detail::for_each_state_tensor(*copy, [](at::Tensor& tensor) {
-        if (tensor.defined()) tensor = tensor.clone();
-      });
-      states_.emplace_back(key, std::move(copy));
-    }
-    for (const auto& group : optimizer_->param_groups()) options_.push_back(group.options().clone());
+    copy_ = std::make_unique<detail::OptimizerCopy>(*optimizer_);
+    if (auto* beyond = dynamic_cast<KeepsStateBeyondOptimizer*>(optimizer_)) restore_beyond_ = beyond->keep_for_restore();
   }
   void restore() {
     if (optimizer_ == nullptr) return;
-    auto& states = optimizer_->state();
-    states.clear();
-    for (const auto& [key, state] : states_) states[key] = state->clone();
-    auto& groups = optimizer_->param_groups();
-    for (size_t i = 0; i < groups.size() && i < options_.size(); ++i) groups[i].set_options(options_[i]->clone());
+    copy_->restore(*optimizer_);
+    if (restore_beyond_) std::exchange(restore_beyond_, nullptr)();
   }
 
  private:
-  using Key = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state().begin()->first)>;
   torch::optim::Optimizer* optimizer_;
-  std::vector<std::pair<Key, std::unique_ptr<torch::optim::OptimizerParamState>>> states_;
-  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options_;
+  std::unique_ptr<detail::OptimizerCopy> copy_;
+  std::function<void()> restore_beyond_;
 };
 
 // Not collective: the contents, this rank's states and RNG from the file (already read: `zip`); the

@@ -1,5 +1,9 @@
 #pragma once
 // Small models shared by the DDP tests.
+#include <map>
+#include <type_traits>
+#include <vector>
+
 #include <torch/torch.h>
 
 #include "multiprocess.h"
@@ -87,6 +91,19 @@ inline void expect_bitwise(MLP& got, MLP& want, const std::string& what) {
     require(torch::equal(params[i], expected[i]), what + ": parameter " + std::to_string(i) + " differs by " +
                                                       std::to_string((params[i] - expected[i]).abs().max().item<double>()));
   }
+}
+
+// Adam's state, tensor by tensor, by its key in the optimizer's state map (copies; without amsgrad
+// max_exp_avg_sq is an empty tensor).
+inline auto adam_state(torch::optim::Adam& optimizer) {
+  using Key = std::decay_t<decltype(optimizer.state().begin()->first)>;
+  std::map<Key, std::vector<torch::Tensor>> state;
+  for (const auto& [key, value] : optimizer.state()) {
+    const auto& adam = static_cast<const torch::optim::AdamParamState&>(*value);
+    const torch::Tensor amsgrad = adam.max_exp_avg_sq().defined() ? adam.max_exp_avg_sq().clone() : torch::zeros({0});
+    state[key] = {adam.exp_avg().clone(), adam.exp_avg_sq().clone(), amsgrad, torch::tensor(adam.step())};
+  }
+  return state;
 }
 
 }  // namespace ddp::test

@@ -570,17 +570,6 @@ DDP_WORKER(fsdp_sharded_refusals) {
           "load_checkpoint_if_exists did not resume from the newest sharded checkpoint");
 }
 
-// Adam's state, tensor by tensor, by its key in the optimizer's state map.
-auto adam_state(torch::optim::Adam& optimizer) {
-  using Key = std::decay_t<decltype(optimizer.state().begin()->first)>;
-  std::map<Key, std::vector<torch::Tensor>> state;
-  for (const auto& [key, value] : optimizer.state()) {
-    const auto& adam = static_cast<const torch::optim::AdamParamState&>(*value);
-    state[key] = {adam.exp_avg().clone(), adam.exp_avg_sq().clone(), torch::tensor(adam.step())};
-  }
-  return state;
-}
-
 // At W=3, the W=2 checkpoint whose rank 1 file is gone: rank 0's rows all lie in rank 0's file, but
 // it does not load what ranks 1 and 2 cannot; rank 1 needs its missing home file; rank 2 reads rank
 // 0's file, then needs rank 1's. A load that fails leaves the optimizer as it was on every rank.

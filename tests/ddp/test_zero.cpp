@@ -334,6 +334,66 @@ TEST(Zero, CheckpointResumesBitwiseAtTheSameAndAtAnotherWorldSize) {
   remove_tree(options.shared_dir);
 }
 
+// A state that refuses what it reads: a load reaches it only after the optimizer loaded.
+class RefusingState final : public ddp::Stateful {
+ public:
+  ddp::TensorDict state_dict() const override { return {{"value", torch::tensor(int64_t{1})}}; }
+  void load_state_dict(const ddp::TensorDict&) override { throw std::invalid_argument("refused on purpose"); }
+};
+
+// Two ranks: a load that fails after ZeRO loaded its state (a later state refuses what it read)
+// puts back the shard's state and the consolidated snapshot: saving from that snapshot needs no
+// new consolidation, and training on, and resuming from what was saved, equal a straight run.
+DDP_WORKER(zero_failed_load_restores) {
+  worker_init(std::chrono::seconds(30));
+  torch::manual_seed(5);
+  MLP net, straight;
+  copy_parameters(*net, *straight);
+  ZeroAdam straight_opt(straight->parameters(), {}, kAdam);
+  train(straight, straight_opt, 0, 8);
+  ZeroAdam opt(net->parameters(), {}, kAdam);
+  RefusingState refusing;
+  train(net, opt, 0, 3);
+  opt.consolidate_state_dict(0);
+  ddp::save_checkpoint(zero_checkpoint(), *net, &opt, ddp::TrainingState{0, 3},
+                       ddp::CheckpointOptions().state("refusing", &refusing));
+  train(net, opt, 3, 5);  // past the checkpoint: the file's state is not this one
+  opt.consolidate_state_dict(0);
+  const auto before = adam_state(opt.optim());
+  std::string message;
+  try {
+    ddp::load_checkpoint(zero_checkpoint(), *net, &opt, ddp::LoadOptions().state("refusing", &refusing));
+  } catch (const ddp::CheckpointError& error) {
+    message = error.what();
+  }
+  require(message.find("refused on purpose") != std::string::npos, "the load did not fail on the refusing state: " + message);
+  const auto after = adam_state(opt.optim());
+  require(after.size() == before.size() && !before.empty(), "the failed load changed which parameters have state");
+  for (const auto& [key, tensors] : before) {
+    const auto found = after.find(key);
+    require(found != after.end(), "the failed load dropped a parameter's state");
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      require(torch::equal(tensors[i], found->second[i]), "the failed load changed the shard's state");
+    }
+  }
+  const std::string again = shared_dir() + "/zero_at_5.pt";
+  ddp::save_checkpoint(again, *net, &opt, ddp::TrainingState{0, 5});  // the snapshot of step 5, kept
+  train(net, opt, 5, 8);
+  expect_bitwise(net, straight, "trained on after a failed load");
+  torch::manual_seed(99);
+  MLP resumed;
+  ZeroAdam resumed_opt(resumed->parameters(), {}, kAdam);
+  ddp::load_checkpoint(again, *resumed, &resumed_opt);
+  train(resumed, resumed_opt, 5, 8);
+  expect_bitwise(resumed, straight, "resumed from the snapshot the failed load kept");
+}
+TEST(Zero, ALoadFailingAfterTheOptimizerPutsItsShardAndSnapshotBack) {
+  RunOptions options;
+  options.shared_dir = make_temp_dir("zero_failed_load");
+  EXPECT_WORKERS_OK(run_workers("zero_failed_load_restores", 2, options));
+  remove_tree(options.shared_dir);
+}
+
 // PyTorch's test_state_dict: the saved state carries the groups' options, and loading restores
 // them ("we should be using LR1 and not LR2 after reloading"), so the momentum buffer goes on:
 // x = 1 - 0.1 * 1 = 0.9, then buffer 0.9 * 1 + 1 = 1.9 and x = 0.9 - 0.1 * 1.9 = 0.71.

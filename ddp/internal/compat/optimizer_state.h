@@ -3,10 +3,16 @@
 // momentum_buffer, ...): OptimizerParamState has no way to list them, so the one list of every
 // LibTorch state type's tensor fields lives here (checkpoint: moving state to its parameter's
 // device; ZeRO: the same after a load, and counting its bytes).
+#include <memory>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/lbfgs.h>
+#include <torch/optim/optimizer.h>
 #include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
@@ -57,5 +63,36 @@ inline void move_state_tensors(torch::optim::OptimizerParamState& state, const a
     if (tensor.defined()) tensor = tensor.to(device);
   });
 }
+
+// An optimizer's per-parameter state and its groups' options, copied deeply (no tensor shared with
+// the optimizer, so that what changes it later cannot reach the copy). restore() puts them back
+// bitwise, into that optimizer or into another over the same parameters (state keyed alike);
+// a fresh optimizer's empty state comes back empty. What a failed checkpoint load undoes.
+class OptimizerCopy {
+ public:
+  explicit OptimizerCopy(torch::optim::Optimizer& optimizer) {
+    for (const auto& [key, state] : optimizer.state()) {
+      auto copy = state->clone();
+      for_each_state_tensor(*copy, [](at::Tensor& tensor) {
+        if (tensor.defined()) tensor = tensor.clone();
+      });
+      states_.emplace_back(key, std::move(copy));
+    }
+    for (const auto& group : optimizer.param_groups()) options_.push_back(group.options().clone());
+  }
+
+  void restore(torch::optim::Optimizer& optimizer) const {
+    auto& states = optimizer.state();
+    states.clear();
+    for (const auto& [key, state] : states_) states[key] = state->clone();
+    auto& groups = optimizer.param_groups();
+    for (size_t i = 0; i < groups.size() && i < options_.size(); ++i) groups[i].set_options(options_[i]->clone());
+  }
+
+ private:
+  using Key = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state().begin()->first)>;
+  std::vector<std::pair<Key, std::unique_ptr<torch::optim::OptimizerParamState>>> states_;
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> options_;
+};
 
 }  // namespace ddp::detail

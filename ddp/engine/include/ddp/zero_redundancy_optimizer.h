@@ -70,6 +70,7 @@
 
 #include <ddp/join.h>
 #include <ddp/process_group.h>
+#include <ddp/stateful.h>
 
 namespace ddp {
 
@@ -92,7 +93,7 @@ struct ZeroRedundancyOptimizerOptions {
 };
 
 // What every ZeroRedundancyOptimizer<Optim> shares; use it through the template below.
-class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joinable {
+class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joinable, public KeepsStateBeyondOptimizer {
  public:
   using OptimizerFactory =
       std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::optim::OptimizerParamGroup>)>;
@@ -136,6 +137,9 @@ class ZeroRedundancyOptimizerBase : public torch::optim::Optimizer, public Joina
   // train on with other options, set them after loading. Not collective. Throws what Optim's load
   // throws for a state of other parameter groups.
   void load(torch::serialize::InputArchive& archive) override;
+  // For load_checkpoint (stateful.h): a copy of this rank's shard state and options and of the
+  // consolidated snapshot, and what puts them back when the load fails after load() ran.
+  std::function<void()> keep_for_restore() override;
 
   // The partition: for each rank, its parameters (group by group, in the order they are updated).
   // With overlap_with_ddp(true): empty lists until the hook assigned DDP's buckets, then each

@@ -5,6 +5,7 @@
 // local state_dict the same way, _broadcast_object).
 #include <ddp/zero_redundancy_optimizer.h>
 
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -119,6 +120,24 @@ void ZeroRedundancyOptimizerBase::load(torch::serialize::InputArchive& archive) 
     mine[compat::optimizer_state_key(mine, param)] = std::move(found->second);
   }
   consolidated_.reset();  // a snapshot of the state before the load
+}
+
+std::function<void()> ZeroRedundancyOptimizerBase::keep_for_restore() {
+  struct Kept {
+    detail::OptimizerCopy local;
+    std::unique_ptr<torch::optim::Optimizer> consolidated;
+    int64_t consolidated_at;
+  };
+  auto kept = std::make_shared<Kept>(Kept{detail::OptimizerCopy(*local_), nullptr, consolidated_at_});
+  if (consolidated_) {  // load() drops it: a copy of its own, over the same parameters
+    kept->consolidated = whole_state_optimizer();
+    detail::OptimizerCopy(*consolidated_).restore(*kept->consolidated);
+  }
+  return [this, kept] {
+    kept->local.restore(*local_);
+    consolidated_ = std::move(kept->consolidated);
+    consolidated_at_ = kept->consolidated_at;
+  };
 }
 
 }  // namespace ddp
