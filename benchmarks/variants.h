@@ -45,7 +45,8 @@ enum class Kind {
   // Fully sharded data parallel (ddp::fully_shard on every block and the root) with Adam: against
   // ours+adam, its step time and its memory (parameters, gradients and Adam's state all 1/W).
   // Set for a model that outgrows a rank: forward_prefetch(false), BackwardPrefetch::kNone, at
-  // most one block unsharded at once (issue 41's bound).
+  // most one block unsharded at once (fully_shard's memory bound: 16/W bytes per parameter plus
+  // one block's parameters and gradients).
   fsdp_adam,
   // fully_shard's defaults (FSDP2's prefetching): the next block's gather and the previous one's
   // reduction overlap compute, holding up to about four blocks at once.
