@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
@@ -847,6 +848,10 @@ RankState read_rank_state(SavedRecord& saved, const std::string& path, const Loa
     try {
       saved.archive.read("rng_cpu_" + std::to_string(rank), read.rng_cpu, /*is_buffer=*/true);
       saved.archive.read("rng_cuda_" + std::to_string(rank), read.rng_cuda, /*is_buffer=*/true);
+      // LibTorch's own check of a CPU generator's state, on a scratch generator: a state it
+      // refuses fails here, before anything changed, not at the end of the load.
+      at::Generator scratch = at::make_generator<at::CPUGeneratorImpl>();
+      scratch.set_state(read.rng_cpu);
     } catch (const std::exception& error) {
       throw CheckpointError("cannot restore the RNG state of rank " + std::to_string(rank) + " from " + path + ": " +
                             error_line(error));
