@@ -848,10 +848,6 @@ RankState read_rank_state(SavedRecord& saved, const std::string& path, const Loa
     try {
       saved.archive.read("rng_cpu_" + std::to_string(rank), read.rng_cpu, /*is_buffer=*/true);
       saved.archive.read("rng_cuda_" + std::to_string(rank), read.rng_cuda, /*is_buffer=*/true);
-      // LibTorch's own check of a CPU generator's state, on a scratch generator: a state it
-      // refuses fails here, before anything changed, not at the end of the load.
-      at::Generator scratch = at::make_generator<at::CPUGeneratorImpl>();
-      scratch.set_state(read.rng_cpu);
     } catch (const std::exception& error) {
       throw CheckpointError("cannot restore the RNG state of rank " + std::to_string(rank) + " from " + path + ": " +
                             error_line(error));
@@ -897,6 +893,18 @@ StatesBefore apply_states(const RankState& read, const std::string& path) {
   return before;
 }
 
+// LibTorch's own check of a CPU generator's state, on a scratch generator: a state it refuses
+// fails with the other checks, before anything changed, not at the end of the load.
+void check_rng(const RankState& read, const std::string& path) {
+  if (!read.rng_cpu.defined()) return;
+  try {
+    at::Generator scratch = at::make_generator<at::CPUGeneratorImpl>();
+    scratch.set_state(read.rng_cpu);
+  } catch (const std::exception& error) {
+    throw CheckpointError("cannot restore the RNG state from " + path + ": " + error_line(error));
+  }
+}
+
 void apply_rng(const RankState& read) {
   if (read.rng_cpu.defined()) restore_rng_state(read.rng_cpu, read.rng_cuda);
 }
@@ -930,6 +938,7 @@ class OptimizerBefore {
 TrainingState load_contents(const std::vector<char>& zip, const std::string& path, const LoadedContents& contents,
                             const LoadOptions& options, SavedRecord& saved, const RankState& read) {
   PreparedLoad load = prepare_load(zip, path, saved, contents, options);
+  check_rng(read, path);
   std::vector<OptimizerBefore> optimizers_before;
   for (const auto& optimizer : load.optimizers) optimizers_before.emplace_back(optimizer.optimizer);
   auto restore_optimizers = [&] {
@@ -1396,6 +1405,7 @@ TrainingState load_sharded(const std::string& path, const SavedRecord& index_rec
   }
   // What a load that fails after changing anything puts back: the shards and the optimizer as they
   // were (at another layout every needed file's optimizer state is loaded in turn to cut its rows from).
+  check_rng(read, files.front()->path);
   OptimizerBefore optimizer_before(optimizer);
   std::vector<at::Tensor> shards_before;
   for (const auto& shard : shards) shards_before.push_back(shard.tensor.detach().clone());
